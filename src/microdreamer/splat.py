@@ -1,0 +1,353 @@
+"""The Gaussian splat: parameters, activations, covariances, and INRIA 3DGS PLY read/write.
+
+Storage follows the INRIA 3D Gaussian Splatting layout that the whole ecosystem reads (SuperSplat,
+gsplat, nerfstudio, the original viewers): one ``vertex`` element with float32 properties
+
+    x y z  nx ny nz  f_dc_0..2  f_rest_0..(3*(K-1)-1)  opacity  scale_0..2  rot_0..3
+
+where K = (degree + 1)^2 SH coefficients per colour channel, ``f_rest`` is stored channel-major
+(all of red's higher-order coefficients, then green's, then blue's), ``opacity`` is a logit,
+``scale_*`` are natural logs and ``rot_0`` is the quaternion's w. The normals are unused (written as
+zeros, as the reference implementation does).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from microdreamer.errors import InputError
+from microdreamer.io_utils import atomic_path
+
+logger = logging.getLogger(__name__)
+
+SH_C0 = 0.28209479177387814  # Y_0^0 = 1 / (2 sqrt(pi))
+
+_BASE_PROPS = ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
+_TAIL_PROPS = ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+_REQUIRED = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", *_TAIL_PROPS]
+_OPTIONAL_IGNORED = {"nx", "ny", "nz"}
+_PLY_TYPES = {
+    "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
+    "short": "i2", "int16": "i2", "ushort": "u2", "uint16": "u2",
+    "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4",
+    "float": "f4", "float32": "f4", "double": "f8", "float64": "f8",
+}  # fmt: skip
+_REST_COUNTS = {0: 0, 9: 1, 24: 2, 45: 3}  # number of f_rest_* -> SH degree
+
+
+def num_sh_coeffs(degree: int) -> int:
+    """K, the number of SH coefficients per colour channel for an SH degree (0..3)."""
+    return (degree + 1) ** 2
+
+
+@dataclass
+class Splat:
+    """A set of N 3D Gaussians, stored as raw (pre-activation) parameters, as the optimiser sees them.
+
+    Attributes:
+        means: [N, 3] float32, world space.
+        sh_dc: [N, 3] float32, degree-0 SH coefficient per RGB channel (``f_dc_*``).
+        sh_rest: [N, K-1, 3] float32, higher-order SH coefficients (K-1 = 0, 3, 8 or 15).
+        opacity_logits: [N] float32; the opacity is ``sigmoid(opacity_logits)``.
+        log_scales: [N, 3] float32; the standard deviations along the Gaussian's axes are ``exp``.
+        quats: [N, 4] float32, rotation quaternions (w, x, y, z), not necessarily unit length:
+            they are normalised on use.
+    """
+
+    means: torch.Tensor
+    sh_dc: torch.Tensor
+    sh_rest: torch.Tensor
+    opacity_logits: torch.Tensor
+    log_scales: torch.Tensor
+    quats: torch.Tensor
+
+    def __post_init__(self) -> None:
+        n = self.means.shape[0]
+        expect = {
+            "means": (n, 3), "sh_dc": (n, 3), "opacity_logits": (n,), "log_scales": (n, 3), "quats": (n, 4),
+        }  # fmt: skip
+        for name, shape in expect.items():
+            got = tuple(getattr(self, name).shape)
+            if got != shape:
+                raise ValueError(f"Splat.{name} has shape {got}, expected {shape}")
+        rest = tuple(self.sh_rest.shape)
+        if len(rest) != 3 or rest[0] != n or rest[2] != 3 or rest[1] not in (0, 3, 8, 15):
+            raise ValueError(f"Splat.sh_rest has shape {rest}, expected ({n}, 0|3|8|15, 3)")
+
+    # ----------------------------------------------------------------- basics
+    def __len__(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def sh_degree(self) -> int:
+        return int(round(math.sqrt(self.sh_rest.shape[1] + 1))) - 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.means.device
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to(self, device: str | torch.device) -> Splat:
+        return Splat(**{k: v.to(device) for k, v in self.tensors().items()})
+
+    def subset(self, index: torch.Tensor) -> Splat:
+        """The Gaussians selected by a boolean mask [N] or an index tensor."""
+        return Splat(**{k: v[index] for k, v in self.tensors().items()})
+
+    def detach(self) -> Splat:
+        return Splat(**{k: v.detach() for k, v in self.tensors().items()})
+
+    # ------------------------------------------------------------ activations
+    def opacities(self) -> torch.Tensor:
+        """[N] opacity in (0, 1)."""
+        return torch.sigmoid(self.opacity_logits)
+
+    def scales(self) -> torch.Tensor:
+        """[N, 3] standard deviations along the Gaussian's own axes."""
+        return torch.exp(self.log_scales)
+
+    def rotations(self) -> torch.Tensor:
+        """[N, 4] unit quaternions (w, x, y, z)."""
+        return torch.nn.functional.normalize(self.quats, dim=-1)
+
+    def rotation_matrices(self) -> torch.Tensor:
+        """[N, 3, 3] rotation matrices R (columns are the Gaussian's axes in world space)."""
+        return quat_to_rotmat(self.rotations())
+
+    def covariances(self) -> torch.Tensor:
+        """[N, 3, 3] world-space covariances Sigma = R S S^T R^T."""
+        rs = self.rotation_matrices() * self.scales()[:, None, :]
+        return rs @ rs.transpose(1, 2)
+
+    def colors(self) -> torch.Tensor:
+        """[N, 3] base RGB from the degree-0 SH term, ``0.5 + C0 * f_dc`` (clamped to [0, 1])."""
+        return (0.5 + SH_C0 * self.sh_dc).clamp(0.0, 1.0)
+
+    @staticmethod
+    def from_activated(
+        means: torch.Tensor,
+        scales: torch.Tensor,
+        quats: torch.Tensor,
+        opacities: torch.Tensor,
+        colors: torch.Tensor,
+        sh_degree: int = 0,
+    ) -> Splat:
+        """Build a splat from activated values: scales > 0 [N,3], opacities in (0,1) [N], RGB [N,3]."""
+        n = means.shape[0]
+        eps = 1e-6
+        op = opacities.clamp(eps, 1 - eps)
+        return Splat(
+            means=means.float(),
+            sh_dc=((colors.float() - 0.5) / SH_C0),
+            sh_rest=torch.zeros(n, num_sh_coeffs(sh_degree) - 1, 3, dtype=torch.float32, device=means.device),
+            opacity_logits=torch.log(op / (1 - op)).float(),
+            log_scales=torch.log(scales.float()),
+            quats=quats.float(),
+        )
+
+
+def quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
+    """Unit quaternions [..., 4] (w, x, y, z) -> rotation matrices [..., 3, 3]."""
+    w, x, y, z = q.unbind(-1)
+    rows = [
+        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+    ]  # fmt: skip
+    return torch.stack(rows, dim=-1).reshape(*q.shape[:-1], 3, 3)
+
+
+# ---------------------------------------------------------------------- PLY
+def _ply_property_names(degree: int) -> list[str]:
+    n_rest = 3 * (num_sh_coeffs(degree) - 1)
+    return [*_BASE_PROPS, *[f"f_rest_{i}" for i in range(n_rest)], *_TAIL_PROPS]
+
+
+def _parse_header(f, name: str) -> tuple[str, int, list[tuple[str, str]], int]:
+    """Read the PLY header. Returns (format, vertex count, vertex properties, bytes to skip before)."""
+    magic = f.readline()
+    if magic.strip() != b"ply":
+        raise InputError(f"{name}: not a PLY file (it does not start with 'ply'); give a 3DGS .ply splat")
+    fmt = None
+    elements: list[list] = []  # [name, count, [(prop, dtype)]]
+    while True:
+        raw = f.readline()
+        if not raw:
+            raise InputError(f"{name}: PLY header has no 'end_header' line; the file is truncated or corrupt")
+        line = raw.decode("ascii", errors="replace").strip()
+        if line == "end_header":
+            break
+        parts = line.split()
+        if not parts or parts[0] in ("comment", "obj_info"):
+            continue
+        if parts[0] == "format":
+            fmt = parts[1] if len(parts) > 1 else ""
+        elif parts[0] == "element":
+            if len(parts) != 3 or not parts[2].isdigit():
+                raise InputError(f"{name}: malformed PLY header line {line!r}")
+            elements.append([parts[1], int(parts[2]), []])
+        elif parts[0] == "property":
+            if not elements:
+                raise InputError(f"{name}: PLY property {line!r} appears before any element")
+            if parts[1] == "list":
+                elements[-1][2].append((parts[-1], "list"))
+            else:
+                if len(parts) != 3 or parts[1] not in _PLY_TYPES:
+                    raise InputError(f"{name}: unsupported PLY property {line!r}")
+                elements[-1][2].append((parts[2], _PLY_TYPES[parts[1]]))
+    if fmt not in ("binary_little_endian", "binary_big_endian", "ascii"):
+        raise InputError(f"{name}: unsupported PLY format {fmt!r}; expected binary_little_endian")
+    skip = 0
+    for el_name, count, props in elements:
+        if el_name == "vertex":
+            if any(t == "list" for _, t in props):
+                raise InputError(f"{name}: the vertex element has list properties; this is not a 3DGS splat")
+            return fmt, count, props, skip
+        if fmt == "ascii" or any(t == "list" for _, t in props):
+            raise InputError(f"{name}: element {el_name!r} comes before 'vertex'; re-save with vertex first")
+        skip += count * sum(np.dtype(t).itemsize for _, t in props)
+    raise InputError(f"{name}: PLY has no 'vertex' element; this is not a 3DGS splat")
+
+
+def read_ply(path: str | os.PathLike) -> Splat:
+    """Read a 3DGS splat from an INRIA-layout PLY file (binary little/big endian, or ASCII).
+
+    Returns a CPU, float32 :class:`Splat`. Raises :class:`InputError` with one line for a missing
+    file, a file that is not a PLY, missing properties, truncated data, non-finite values,
+    zero-length quaternions or an empty splat. Unknown extra properties are ignored with a warning.
+    """
+    path = Path(path)
+    name = str(path)
+    if not path.exists():
+        raise InputError(f"{name}: file not found; give the path of a 3DGS .ply splat")
+    if path.is_dir():
+        raise InputError(f"{name}: is a directory; give the path of a 3DGS .ply splat")
+    with open(path, "rb") as f:
+        fmt, count, props, skip = _parse_header(f, name)
+        names = [p for p, _ in props]
+        missing = [p for p in _REQUIRED if p not in names]
+        if missing:
+            raise InputError(
+                f"{name}: missing required PLY properties {', '.join(missing)}; "
+                "expected the INRIA 3DGS layout (x y z f_dc_* opacity scale_* rot_*)"
+            )
+        n_rest = sum(1 for p in names if p.startswith("f_rest_"))
+        if n_rest not in _REST_COUNTS or any(f"f_rest_{i}" not in names for i in range(n_rest)):
+            raise InputError(
+                f"{name}: found {n_rest} f_rest_* properties; expected 0, 9, 24 or 45 (SH degree 0-3) "
+                "numbered from f_rest_0"
+            )
+        known = set(_REQUIRED) | _OPTIONAL_IGNORED | {f"f_rest_{i}" for i in range(n_rest)}
+        extra = [p for p in names if p not in known]
+        if extra:
+            logger.warning("%s: ignoring unknown PLY properties: %s", name, ", ".join(extra))
+        if count == 0:
+            raise InputError(f"{name}: the splat is empty (0 Gaussians); nothing to convert")
+        if fmt == "ascii":
+            data = _read_ascii(f, name, count, props)
+        else:
+            endian = "<" if fmt == "binary_little_endian" else ">"
+            dtype = np.dtype([(p, endian + t) for p, t in props])
+            f.seek(skip, os.SEEK_CUR)
+            buf = f.read(count * dtype.itemsize)
+            if len(buf) < count * dtype.itemsize:
+                got = len(buf) // dtype.itemsize
+                raise InputError(
+                    f"{name}: truncated: the header declares {count} Gaussians but the data holds {got}; "
+                    "the file is incomplete, export it again"
+                )
+            data = np.frombuffer(buf, dtype=dtype, count=count)
+
+    def cols(prefix_names: list[str]) -> np.ndarray:
+        return np.stack([np.asarray(data[p], dtype=np.float32) for p in prefix_names], axis=-1)
+
+    degree = _REST_COUNTS[n_rest]
+    k1 = num_sh_coeffs(degree) - 1
+    means = cols(["x", "y", "z"])
+    sh_dc = cols(["f_dc_0", "f_dc_1", "f_dc_2"])
+    if k1:
+        sh_rest = cols([f"f_rest_{i}" for i in range(3 * k1)]).reshape(count, 3, k1).transpose(0, 2, 1)
+    else:
+        sh_rest = np.zeros((count, 0, 3), np.float32)
+    opacity = np.asarray(data["opacity"], dtype=np.float32)
+    log_scales = cols(["scale_0", "scale_1", "scale_2"])
+    quats = cols(["rot_0", "rot_1", "rot_2", "rot_3"])
+
+    arrays = {"position": means, "f_dc": sh_dc, "f_rest": sh_rest, "opacity": opacity,
+              "scale": log_scales, "rot": quats}  # fmt: skip
+    bad = {k: int((~np.isfinite(v)).sum()) for k, v in arrays.items()}
+    n_bad = sum(bad.values())
+    if n_bad:
+        where = ", ".join(f"{k} ({v})" for k, v in bad.items() if v)
+        raise InputError(
+            f"{name}: {n_bad} non-finite values (NaN or inf) in {where}; fix or drop those Gaussians"
+        )
+    qnorm = np.linalg.norm(quats.astype(np.float64), axis=-1)
+    n_zero = int((qnorm < 1e-12).sum())
+    if n_zero:
+        raise InputError(
+            f"{name}: {n_zero} Gaussians have zero-length rotation quaternions (rot_0..3 all zero); "
+            "fix or drop them"
+        )
+    return Splat(
+        means=torch.from_numpy(np.ascontiguousarray(means)),
+        sh_dc=torch.from_numpy(np.ascontiguousarray(sh_dc)),
+        sh_rest=torch.from_numpy(np.ascontiguousarray(sh_rest)),
+        opacity_logits=torch.from_numpy(np.ascontiguousarray(opacity)),
+        log_scales=torch.from_numpy(np.ascontiguousarray(log_scales)),
+        quats=torch.from_numpy(np.ascontiguousarray(quats)),
+    )
+
+
+def _read_ascii(f, name: str, count: int, props: list[tuple[str, str]]) -> np.ndarray:
+    rows = []
+    for i in range(count):
+        line = f.readline()
+        if not line:
+            raise InputError(
+                f"{name}: truncated: the header declares {count} Gaussians but the data holds {i}; "
+                "the file is incomplete, export it again"
+            )
+        vals = line.split()
+        if len(vals) != len(props):
+            raise InputError(f"{name}: ASCII PLY row {i} has {len(vals)} values, expected {len(props)}")
+        rows.append(vals)
+    arr = np.asarray(rows, dtype=np.float64)
+    out = np.empty(count, dtype=[(p, "f8") for p, _ in props])
+    for j, (p, _) in enumerate(props):
+        out[p] = arr[:, j]
+    return out
+
+
+def write_ply(splat: Splat, path: str | os.PathLike) -> Path:
+    """Write ``splat`` as an INRIA-layout binary little-endian PLY (atomically: temp file + rename)."""
+    path = Path(path)
+    s = splat.detach().to("cpu")
+    n = len(s)
+    names = _ply_property_names(s.sh_degree)
+    k1 = s.sh_rest.shape[1]
+    columns = [
+        s.means.numpy(),
+        np.zeros((n, 3), np.float32),
+        s.sh_dc.numpy(),
+        s.sh_rest.permute(0, 2, 1).reshape(n, 3 * k1).numpy(),
+        s.opacity_logits.reshape(n, 1).numpy(),
+        s.log_scales.numpy(),
+        s.quats.numpy(),
+    ]
+    table = np.concatenate([c.astype("<f4") for c in columns], axis=1)
+    header = "ply\nformat binary_little_endian 1.0\n" f"element vertex {n}\n"
+    header += "".join(f"property float {p}\n" for p in names) + "end_header\n"
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(header.encode("ascii"))
+        f.write(np.ascontiguousarray(table).tobytes())
+    return path
