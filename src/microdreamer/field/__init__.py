@@ -1,0 +1,100 @@
+"""Density field: the Gaussian splat sampled on a regular grid (DreamGaussian's ``extract_fields``).
+
+Stage function :func:`density_field`. Implementations, chosen explicitly with ``backend=``:
+
+* ``"torch"``: vectorised, chunked PyTorch (CPU or CUDA), :mod:`microdreamer.field.torch_impl`.
+* ``"cuda"``: the fused CUDA kernels of :mod:`microdreamer.kernels` (CUDA tensors only).
+* ``"auto"``: ``"cuda"`` when the splat is on a CUDA device, else ``"torch"``.
+
+:mod:`microdreamer.field.reference` holds the float64 brute-force reference that defines the
+semantics (see :mod:`microdreamer.field.common` for the modes and the exact mode's error bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from microdreamer.field.common import FieldConfig, GridSpec, PreparedGaussians, prepare_gaussians
+from microdreamer.field.torch_impl import density_field_torch
+from microdreamer.splat import Splat
+
+__all__ = [
+    "BACKENDS",
+    "DensityField",
+    "FieldConfig",
+    "GridSpec",
+    "PreparedGaussians",
+    "compute_field",
+    "density_field",
+    "prepare_gaussians",
+]
+
+BACKENDS = ("auto", "torch", "cuda")
+
+
+@dataclass
+class DensityField:
+    """A sampled density field.
+
+    Attributes:
+        values: [R, R, R] float32 (on the device it was computed on); [i, j, k] is the world point
+            ``grid.origin + grid.spacing * (i, j, k)``.
+        grid: the grid, with the map back to the splat's coordinates.
+        num_gaussians: N, the Gaussians kept (opacity > min_opacity).
+        mode: the field mode.
+        backend: the implementation that ran.
+    """
+
+    values: torch.Tensor
+    grid: GridSpec
+    num_gaussians: int
+    mode: str
+    backend: str
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown field backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "cuda" if device.type == "cuda" else "torch"
+    if backend == "cuda" and device.type != "cuda":
+        raise ValueError("backend='cuda' needs the splat on a CUDA device")
+    return backend
+
+
+def compute_field(
+    prepared: PreparedGaussians, grid: GridSpec, config: FieldConfig, backend: str = "auto", progress=None
+) -> tuple[torch.Tensor, str]:
+    """[R, R, R] float32 field of already-prepared Gaussians, and the backend that ran."""
+    chosen = resolve_backend(backend, prepared.means.device)
+    if chosen == "cuda":
+        from microdreamer.kernels import extract_fields
+
+        return extract_fields(prepared, grid, config, impl="fast"), chosen
+    return density_field_torch(prepared, grid, config, progress=progress), chosen
+
+
+def density_field(
+    splat: Splat,
+    config: FieldConfig | None = None,
+    backend: str = "auto",
+    device: str | torch.device | None = None,
+    progress=None,
+) -> DensityField:
+    """Sample the splat's density on a grid.
+
+    Args:
+        splat: N Gaussians (any device).
+        config: resolution, mode and their parameters (defaults: 128^3, exact mode).
+        backend: ``"auto" | "torch" | "cuda"``.
+        device: where to compute (defaults to the splat's device).
+        progress: optional callable ``progress(done_fraction)`` (torch backend).
+    """
+    config = config or FieldConfig()
+    if device is not None:
+        splat = splat.to(device)
+    prepared, grid = prepare_gaussians(splat, config)
+    values, chosen = compute_field(prepared, grid, config, backend, progress)
+    return DensityField(values, grid, len(prepared), config.mode, chosen)
