@@ -1,0 +1,195 @@
+"""Mesh cleanup (merge duplicate vertices, drop degenerate/duplicate faces and floaters) and decimation."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from microdreamer.mesh.types import Mesh
+
+if TYPE_CHECKING:
+    from microdreamer.mesh import MeshConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CleanupStats:
+    """What :func:`cleanup_mesh_with_stats` did."""
+
+    vertices_in: int = 0
+    faces_in: int = 0
+    vertices_merged: int = 0  # vertices folded into another within the merge tolerance
+    degenerate_faces: int = 0  # faces left with a repeated corner after merging
+    duplicate_faces: int = 0  # faces on the same three vertices as an earlier face (either winding)
+    components: int = 0  # connected components (sharing a vertex) before floater removal
+    components_removed: int = 0
+    faces_in_removed_components: int = 0
+    vertices_out: int = 0
+    faces_out: int = 0
+
+
+def _merge_map(vertices: np.ndarray, tolerance: float) -> np.ndarray:
+    """[V] int64: for each vertex, the lowest index of the group of vertices it merges with.
+
+    Groups are the connected components of the graph "closer than or at ``tolerance``" (so merging is
+    transitive); ``tolerance == 0`` merges exact duplicates only.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+
+    v = vertices.shape[0]
+    if tolerance > 0:
+        pairs = cKDTree(vertices.astype(np.float64)).query_pairs(tolerance, output_type="ndarray")
+    else:
+        _, inverse = np.unique(vertices, axis=0, return_inverse=True)
+        order = np.argsort(inverse.reshape(-1), kind="stable")
+        sorted_inv = inverse.reshape(-1)[order]
+        same = sorted_inv[1:] == sorted_inv[:-1]
+        pairs = np.stack([order[:-1][same], order[1:][same]], axis=1)
+    if len(pairs) == 0:
+        return np.arange(v, dtype=np.int64)
+    graph = coo_matrix((np.ones(len(pairs), np.int8), (pairs[:, 0], pairs[:, 1])), shape=(v, v))
+    n, labels = connected_components(graph, directed=False)
+    first = np.full(n, v, dtype=np.int64)
+    np.minimum.at(first, labels, np.arange(v, dtype=np.int64))
+    return first[labels]
+
+
+def _first_unique_rows(faces: np.ndarray, num_vertices: int) -> np.ndarray:
+    """[F] bool: True for the first face on each set of three vertices (winding ignored)."""
+    key_rows = np.sort(faces, axis=1)
+    if num_vertices < 2_000_000:  # num_vertices**3 < 2**63: one int64 key per face
+        n = np.int64(num_vertices)
+        keys = (key_rows[:, 0] * n + key_rows[:, 1]) * n + key_rows[:, 2]
+        _, first = np.unique(keys, return_index=True)
+    else:
+        _, first = np.unique(key_rows, axis=0, return_index=True)
+    keep = np.zeros(faces.shape[0], dtype=bool)
+    keep[first] = True
+    return keep
+
+
+def _vertex_components(faces: np.ndarray, num_vertices: int) -> tuple[int, np.ndarray]:
+    """Connected components of the vertices linked by face edges: (count, [V] int32 labels)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    rows = faces.reshape(-1)
+    cols = faces[:, [1, 2, 0]].reshape(-1)
+    graph = coo_matrix((np.ones(rows.shape[0], np.int8), (rows, cols)), shape=(num_vertices, num_vertices))
+    return connected_components(graph, directed=False)
+
+
+def cleanup_mesh_with_stats(mesh: Mesh, config: MeshConfig | None = None) -> tuple[Mesh, CleanupStats]:
+    """:func:`cleanup_mesh`, also returning what it did."""
+    if config is None:
+        from microdreamer.mesh import MeshConfig
+
+        config = MeshConfig()
+    stats = CleanupStats(vertices_in=mesh.num_vertices, faces_in=mesh.num_faces)
+    if mesh.num_faces == 0:
+        return Mesh.empty(), stats
+
+    vertices, faces = mesh.vertices, mesh.faces
+    lo, hi = vertices.min(axis=0).astype(np.float64), vertices.max(axis=0).astype(np.float64)
+    tolerance = float(config.merge_tolerance) * float(np.linalg.norm(hi - lo))
+    remap = _merge_map(vertices, tolerance)
+    stats.vertices_merged = int(np.count_nonzero(remap != np.arange(remap.shape[0])))
+    faces = remap[faces]
+
+    good = (faces[:, 0] != faces[:, 1]) & (faces[:, 1] != faces[:, 2]) & (faces[:, 2] != faces[:, 0])
+    stats.degenerate_faces = int(np.count_nonzero(~good))
+    faces = faces[good]
+    if faces.shape[0]:
+        unique = _first_unique_rows(faces, mesh.num_vertices)
+        stats.duplicate_faces = int(np.count_nonzero(~unique))
+        faces = faces[unique]
+
+    if faces.shape[0]:
+        _, labels = _vertex_components(faces, mesh.num_vertices)
+        face_label = labels[faces[:, 0]]
+        counts = np.bincount(face_label)
+        present = counts > 0
+        stats.components = int(np.count_nonzero(present))
+        keep_label = counts >= float(config.min_component_fraction) * faces.shape[0]
+        keep_label[np.argmax(counts)] = True  # never remove the largest component
+        removed = present & ~keep_label
+        stats.components_removed = int(np.count_nonzero(removed))
+        stats.faces_in_removed_components = int(counts[removed].sum())
+        if stats.components_removed:
+            faces = faces[keep_label[face_label]]
+
+    out = Mesh(vertices, faces, mesh.vertex_colors).subset_faces(slice(None))
+    stats.vertices_out, stats.faces_out = out.num_vertices, out.num_faces
+    logger.debug("cleanup: %s", stats)
+    return out, stats
+
+
+def cleanup_mesh(mesh: Mesh, config: MeshConfig | None = None) -> Mesh:
+    """Clean a marching-cubes mesh.
+
+    In order:
+
+    1. merge vertices closer than ``config.merge_tolerance`` times the bounding-box diagonal
+       (transitively; each group keeps the position and colour of its lowest-index vertex);
+    2. drop faces with a repeated corner, then faces on the same three vertices as an earlier face
+       (either winding; the first is kept);
+    3. drop floaters: connected components (faces linked through shared vertices) with fewer than
+       ``config.min_component_fraction`` times the total face count; the largest component is never
+       dropped (``min_component_fraction = 0`` keeps everything);
+    4. drop vertices no face uses.
+
+    Faces with three distinct but collinear corners are kept: removing them would open holes.
+
+    Args:
+        mesh: the input mesh (not modified).
+        config: a :class:`~microdreamer.mesh.MeshConfig` (uses ``merge_tolerance`` and
+            ``min_component_fraction``); None means the defaults.
+
+    Returns:
+        A new :class:`Mesh`; face order and vertex order are kept among the survivors. Empty in,
+        empty out.
+    """
+    return cleanup_mesh_with_stats(mesh, config)[0]
+
+
+def decimate(mesh: Mesh, target_faces: int, aggressiveness: float = 7.0) -> Mesh:
+    """Simplify ``mesh`` to about ``target_faces`` faces by quadric edge collapse (fast_simplification).
+
+    A no-op (returns ``mesh`` itself) when it already has ``target_faces`` faces or fewer. The result
+    usually lands within a few percent of the target (the simplifier stops at the first pass that
+    reaches it). Vertex colours, if any, are taken from the nearest input vertex.
+
+    Args:
+        mesh: the input mesh (not modified).
+        target_faces: the wanted face count, >= 1.
+        aggressiveness: fast_simplification's ``agg`` (higher is faster and rougher; 7 is its default).
+    """
+    if target_faces < 1:
+        raise ValueError(f"target_faces must be >= 1, got {target_faces}")
+    if mesh.num_faces <= target_faces:
+        return mesh
+    import fast_simplification
+
+    points, faces = fast_simplification.simplify(
+        mesh.vertices.astype(np.float64),
+        mesh.faces,
+        target_count=int(target_faces),
+        agg=float(aggressiveness),
+    )
+    colors = None
+    if mesh.vertex_colors is not None and len(points):
+        from scipy.spatial import cKDTree
+
+        _, nearest = cKDTree(mesh.vertices.astype(np.float64)).query(points)
+        colors = mesh.vertex_colors[nearest]
+    out = Mesh(points.astype(np.float32), faces.astype(np.int64), colors)
+    if out.num_faces:
+        out = out.subset_faces(slice(None))  # drop vertices the simplifier left without faces
+    logger.debug("decimate: %d -> %d faces (target %d)", mesh.num_faces, out.num_faces, target_faces)
+    return out
