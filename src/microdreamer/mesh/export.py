@@ -36,7 +36,8 @@ def save_mesh(mesh: Mesh, path: str | os.PathLike) -> Path:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in MESH_FORMATS:
-        raise InputError(f"{path}: unsupported mesh format '{path.suffix}'; use .glb, .obj or .ply")
+        given = path.suffix or "(none)"
+        raise InputError(f"{path}: unsupported mesh format {given!r}; use .glb, .obj or .ply")
     if not path.parent.is_dir():
         raise InputError(f"{path}: the folder {path.parent} does not exist; create it or choose another path")
     if mesh.is_empty:
