@@ -268,7 +268,7 @@ def read_ply(path: str | os.PathLike) -> Splat:
             data = np.frombuffer(buf, dtype=dtype, count=count)
 
     def cols(prefix_names: list[str]) -> np.ndarray:
-        return np.stack([np.asarray(data[p], dtype=np.float32) for p in prefix_names], axis=-1)
+        return np.stack([np.array(data[p], dtype=np.float32) for p in prefix_names], axis=-1)
 
     degree = _REST_COUNTS[n_rest]
     k1 = num_sh_coeffs(degree) - 1
@@ -278,7 +278,7 @@ def read_ply(path: str | os.PathLike) -> Splat:
         sh_rest = cols([f"f_rest_{i}" for i in range(3 * k1)]).reshape(count, 3, k1).transpose(0, 2, 1)
     else:
         sh_rest = np.zeros((count, 0, 3), np.float32)
-    opacity = np.asarray(data["opacity"], dtype=np.float32)
+    opacity = np.array(data["opacity"], dtype=np.float32)
     log_scales = cols(["scale_0", "scale_1", "scale_2"])
     quats = cols(["rot_0", "rot_1", "rot_2", "rot_3"])
 

@@ -1,0 +1,219 @@
+"""The vectorised density field against the float64 brute-force reference, and the reference against
+upstream's own algorithm (DreamGaussian's extract_fields, re-implemented here from its description)."""
+
+import math
+
+import pytest
+import torch
+
+from microdreamer.field import FieldConfig, GridSpec, density_field, prepare_gaussians
+from microdreamer.field.reference import covariance6, density_field_reference, gaussian_3d_coeff
+from microdreamer.field.torch_impl import density_field_torch
+from microdreamer.splat import Splat
+from microdreamer.synthetic import make_random_splat, make_synthetic_object
+
+# float32 evaluation (float32 exponentials and sums) against float64: far below this bound; the
+# issue's requirement for every field implementation
+REL_TOL = 1e-5
+
+
+def rel_err(out, ref):
+    assert torch.isfinite(out).all()
+    ref = ref.double().cpu()
+    return float((out.double().cpu() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _check(splat, cfg, **kw):
+    prepared, grid = prepare_gaussians(splat, cfg)
+    ref = density_field_reference(prepared, grid, cfg)
+    out = density_field_torch(prepared, grid, cfg, **kw)
+    assert out.shape == (cfg.resolution,) * 3 and out.dtype == torch.float32
+    if ref.abs().max() == 0:
+        assert out.abs().max() == 0
+        return 0.0
+    err = rel_err(out, ref)
+    assert err <= REL_TOL, err
+    return err
+
+
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+@pytest.mark.parametrize("n,r", [(1, 16), (2, 17), (31, 33), (64, 24), (150, 30), (400, 20)])
+def test_torch_matches_reference(mode, n, r):
+    # r = 17, 33: not multiples of num_blocks (upstream's last block is smaller)
+    splat = make_random_splat(n, seed=1000 * n + r, spread=0.8)
+    _check(splat, FieldConfig(resolution=r, mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+def test_object_like_splat(mode):
+    _check(make_synthetic_object(800, seed=5, scale_fraction=0.02), FieldConfig(resolution=28, mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+def test_empty_after_opacity_filter(mode):
+    s = make_random_splat(5, seed=2)
+    s.opacity_logits[:] = -20.0  # opacity ~2e-9 < 0.005: all dropped
+    fld = density_field(s, FieldConfig(resolution=12, mode=mode))
+    assert fld.num_gaussians == 0
+    assert torch.equal(fld.values, torch.zeros(12, 12, 12))
+
+
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+def test_single_gaussian_is_centred_and_peaks_at_its_opacity(mode):
+    s = make_random_splat(1, seed=3)
+    cfg = FieldConfig(resolution=21, mode=mode)  # odd R: the centre is a grid point
+    prepared, grid = prepare_gaussians(s, cfg)
+    assert torch.allclose(prepared.means, torch.zeros(1, 3))
+    # no extent: the cube spans +-3 standard deviations of the largest axis
+    assert math.isclose(grid.scale, cfg.extent_factor / (6 * float(s.scales().max())), rel_tol=1e-6)
+    out = density_field_torch(prepared, grid, cfg)
+    assert math.isclose(float(out[10, 10, 10]), float(s.opacities()[0]), rel_tol=1e-6)
+    _check(s, cfg)
+
+
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+def test_gaussian_larger_than_the_grid(mode):
+    s = make_random_splat(20, seed=4, spread=0.5, log_scale_mean=-2.0)
+    s.log_scales[0] = math.log(5.0)  # sigma 5 world units, the cube is ~1
+    _check(s, FieldConfig(resolution=19, mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+def test_nearly_degenerate_covariance(mode):
+    s = make_random_splat(30, seed=6, spread=0.6)
+    s.log_scales[0] = torch.log(torch.tensor([0.3, 0.25, 1e-5]))  # a flat disc, 3e4 : 1
+    s.log_scales[1] = torch.log(torch.tensor([1e-5, 0.2, 1e-5]))  # a needle
+    s.opacity_logits[:2] = 5.0
+    err = _check(s, FieldConfig(resolution=31, mode=mode))
+    assert err < REL_TOL
+
+
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+def test_chunking_does_not_change_the_result(mode):
+    s = make_random_splat(200, seed=7, spread=0.9)
+    cfg = FieldConfig(resolution=26, mode=mode)
+    prepared, grid = prepare_gaussians(s, cfg)
+    whole = density_field_torch(prepared, grid, cfg)
+    chunked = density_field_torch(prepared, grid, cfg, max_pairs=9973, block_bytes=4096)
+    assert rel_err(chunked, whole) < 1e-6  # only the float32 summation order differs
+
+
+def test_exact_cutoff_bound():
+    """Exact mode drops at most cutoff_tol * opacity per Gaussian: compare with no cutoff at all."""
+    s = make_random_splat(40, seed=8, spread=0.7)
+    cfg = FieldConfig(resolution=24, mode="exact")
+    prepared, grid = prepare_gaussians(s, cfg)
+    full = density_field_reference(prepared, grid, FieldConfig(resolution=24, mode="exact", cutoff_tol=1e-300))
+    cut = density_field_reference(prepared, grid, cfg)
+    assert (full - cut).min() >= 0
+    assert (full - cut).max() <= cfg.cutoff_tol * float(prepared.opacities.sum())
+
+
+def test_grid_maps_back_to_world():
+    s = make_random_splat(50, seed=9, spread=2.0)
+    s.means += torch.tensor([10.0, -3.0, 0.5])
+    cfg = FieldConfig(resolution=11)
+    prepared, grid = prepare_gaussians(s, cfg)
+    axis = grid.axis().double()
+    world = [grid.origin[a] + grid.spacing * torch.arange(11, dtype=torch.float64) for a in range(3)]
+    for a in range(3):
+        assert torch.allclose((world[a] - grid.center[a]) * grid.scale, axis, atol=1e-6)
+    kept = s.means[s.opacities() > cfg.min_opacity].double()
+    assert torch.allclose(prepared.means.double(), (kept - torch.tensor(grid.center)) * grid.scale, atol=1e-5)
+    assert math.isclose(float(prepared.means.abs().amax()), 0.9, rel_tol=1e-5)  # 1.8 / extent, centred
+
+
+def test_whitening_transform_matches_covariance():
+    s = make_random_splat(20, seed=10)
+    prepared, grid = prepare_gaussians(s, FieldConfig())
+    kept = s.subset(s.opacities() > 0.005)
+    cov = kept.covariances().double() * grid.scale**2
+    m = prepared.transforms.double()
+    assert torch.allclose(m.transpose(1, 2) @ m @ cov, torch.eye(3, dtype=torch.float64).expand(len(kept), 3, 3),
+                          atol=1e-4)
+
+
+def test_gaussian_3d_coeff_agrees_with_whitened_form():
+    g = torch.Generator().manual_seed(11)
+    s = make_random_splat(64, seed=11)
+    prepared, _ = prepare_gaussians(s, FieldConfig())
+    m = prepared.transforms.double()
+    d = torch.randn(len(m), 3, generator=g, dtype=torch.float64) * 0.05
+    covs = covariance6(m)
+    upstream = gaussian_3d_coeff(d, covs)
+    ours = torch.exp(-0.5 * ((m @ d[:, :, None])[:, :, 0] ** 2).sum(-1))
+    assert torch.allclose(upstream, ours, rtol=1e-9, atol=1e-300)
+    # a positive exponent (a broken inverse) counts as 0
+    assert gaussian_3d_coeff(torch.ones(1, 3), -torch.tensor([[1.0, 0, 0, 1.0, 0, 1.0]]))[0] == 0
+
+
+# ---------------------------------------------------------------- upstream's own algorithm
+def _upstream_extract_fields(prepared, resolution, num_blocks=16, relax_ratio=1.5):
+    """DreamGaussian's extract_fields as its description reads: split the grid points into blocks of
+    R // num_blocks, and for each block evaluate every Gaussian whose centre is strictly inside the
+    block's points' bounding box grown by relax_ratio * block_size, via gaussian_3d_coeff on covs.
+    Written independently of our reference (float64 here)."""
+    block_size = 2 / num_blocks
+    split = resolution // num_blocks
+    xyzs = prepared.means.double()
+    covs = covariance6(prepared.transforms.double())
+    opas = prepared.opacities.double()
+    occ = torch.zeros([resolution] * 3, dtype=torch.float64)
+    lin = GridSpec(resolution, (0, 0, 0), 1).axis().double()
+    chunks = lin.split(split)
+    for xi, xs in enumerate(chunks):
+        for yi, ys in enumerate(chunks):
+            for zi, zs in enumerate(chunks):
+                xx, yy, zz = torch.meshgrid(xs, ys, zs, indexing="ij")
+                pts = torch.stack([xx.reshape(-1), yy.reshape(-1), zz.reshape(-1)], -1)
+                vmin, vmax = pts.amin(0) - block_size * relax_ratio, pts.amax(0) + block_size * relax_ratio
+                mask = (xyzs < vmax).all(-1) & (xyzs > vmin).all(-1)
+                if not mask.any():
+                    continue
+                g_pts = pts[:, None, :] - xyzs[mask][None]  # [M, L, 3]
+                w = gaussian_3d_coeff(g_pts.reshape(-1, 3), covs[mask].repeat(len(pts), 1)).reshape(len(pts), -1)
+                val = (w * opas[mask][None]).sum(-1)
+                occ[xi * split : xi * split + len(xs), yi * split : yi * split + len(ys),
+                    zi * split : zi * split + len(zs)] = val.reshape(len(xs), len(ys), len(zs))  # fmt: skip
+    return occ
+
+
+@pytest.mark.parametrize("n,r", [(60, 32), (25, 20), (150, 40)])
+def test_upstream_reference_equals_upstream_algorithm(n, r):
+    s = make_random_splat(n, seed=n + r, spread=0.9, log_scale_mean=-2.2)
+    cfg = FieldConfig(resolution=r, mode="upstream")
+    prepared, grid = prepare_gaussians(s, cfg)
+    ours = density_field_reference(prepared, grid, cfg)
+    theirs = _upstream_extract_fields(prepared, r)
+    assert rel_err(ours, theirs) < 1e-9
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="mode"):
+        FieldConfig(mode="fast")
+    with pytest.raises(ValueError, match="resolution"):
+        FieldConfig(resolution=1)
+
+
+def test_backend_cuda_needs_cuda_tensors():
+    with pytest.raises(ValueError, match="CUDA"):
+        density_field(make_random_splat(3), FieldConfig(resolution=8), backend="cuda")
+
+
+def test_splat_input_is_not_modified():
+    s = make_random_splat(10, seed=12)
+    before = {k: v.clone() for k, v in s.tensors().items()}
+    density_field(s, FieldConfig(resolution=10))
+    assert all(torch.equal(before[k], v) for k, v in s.tensors().items())
+
+
+def test_extreme_scales_stay_finite():
+    s = make_random_splat(10, seed=13)
+    s.log_scales[0] = -60.0  # sigma 1e-26: 1/sigma^2 overflows float32
+    s.log_scales[1] = 30.0
+    fld = density_field(s, FieldConfig(resolution=12))
+    assert torch.isfinite(fld.values).all()
+
+
+def test_splat_type():
+    assert isinstance(make_random_splat(2), Splat)

@@ -1,0 +1,215 @@
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from microdreamer.errors import InputError
+from microdreamer.splat import Splat, num_sh_coeffs, quat_to_rotmat, read_ply, write_ply
+from microdreamer.synthetic import make_random_splat
+
+from conftest import sample
+
+INRIA_ORDER = (
+    ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"],
+    ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"],
+)
+
+
+def _random_splat(n, degree, seed=0):
+    s = make_random_splat(n, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    s.sh_rest = torch.randn(n, num_sh_coeffs(degree) - 1, 3, generator=g)
+    return s
+
+
+def _write_raw(path, props, data, fmt="binary_little_endian", count=None, extra_header=""):
+    """Write a PLY by hand: props [names], data [N, P] float32."""
+    count = len(data) if count is None else count
+    header = f"ply\nformat {fmt} 1.0\n{extra_header}element vertex {count}\n"
+    header += "".join(f"property float {p}\n" for p in props) + "end_header\n"
+    with open(path, "wb") as f:
+        f.write(header.encode())
+        if fmt == "ascii":
+            f.write("\n".join(" ".join(repr(float(v)) for v in row) for row in data).encode() + b"\n")
+        else:
+            f.write(np.asarray(data, dtype="<f4" if fmt == "binary_little_endian" else ">f4").tobytes())
+
+
+def _table(n=5, seed=0):
+    g = np.random.default_rng(seed)
+    props = INRIA_ORDER[0] + INRIA_ORDER[1]
+    data = g.standard_normal((n, len(props))).astype(np.float32)
+    return props, data
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3])
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_roundtrip_every_sh_degree(tmp_path, degree, n):
+    s = _random_splat(n, degree, seed=n + degree)
+    write_ply(s, tmp_path / "s.ply")
+    back = read_ply(tmp_path / "s.ply")
+    assert back.sh_degree == degree
+    for name, t in s.tensors().items():
+        assert torch.equal(getattr(back, name), t.float()), name
+
+
+def test_written_header_is_inria_layout(tmp_path):
+    write_ply(_random_splat(3, 1), tmp_path / "s.ply")
+    raw = (tmp_path / "s.ply").read_bytes()
+    header = raw[: raw.index(b"end_header")].decode().splitlines()
+    assert header[1] == "format binary_little_endian 1.0"
+    props = [line.split()[-1] for line in header if line.startswith("property")]
+    assert props == INRIA_ORDER[0] + [f"f_rest_{i}" for i in range(9)] + INRIA_ORDER[1]
+    assert all(line.startswith("property float ") for line in header if line.startswith("property"))
+
+
+def test_f_rest_is_channel_major(tmp_path):
+    """f_rest_j holds channel j // (K-1), coefficient j % (K-1), as INRIA's exporter writes it."""
+    s = _random_splat(2, 1)
+    write_ply(s, tmp_path / "s.ply")
+    raw = (tmp_path / "s.ply").read_bytes()
+    body = np.frombuffer(raw[raw.index(b"end_header\n") + 11 :], dtype="<f4").reshape(2, -1)
+    f_rest = body[:, 9:18]
+    assert np.array_equal(f_rest[:, 3 * 1 + 2], s.sh_rest[:, 2, 1].numpy())  # green, coefficient 2
+
+
+def test_activations_and_covariance():
+    s = _random_splat(50, 0, seed=3)
+    q = s.rotations()
+    assert torch.allclose(q.norm(dim=-1), torch.ones(50), atol=1e-6)
+    rot = quat_to_rotmat(torch.nn.functional.normalize(s.quats.double(), dim=-1))
+    assert torch.allclose(rot @ rot.transpose(1, 2), torch.eye(3, dtype=torch.float64).expand(50, 3, 3), atol=1e-12)
+    assert torch.allclose(torch.linalg.det(rot), torch.ones(50, dtype=torch.float64), atol=1e-12)
+    cov = s.covariances().double()
+    eig = torch.linalg.eigvalsh(cov)
+    assert torch.allclose(eig.sort(-1).values, (s.scales().double() ** 2).sort(-1).values, rtol=1e-4)
+    assert torch.allclose(s.opacities(), torch.sigmoid(s.opacity_logits))
+
+
+def test_ascii_and_big_endian_are_read(tmp_path):
+    props, data = _table(4)
+    data[:, props.index("rot_0")] = 1.0
+    ref_path, asc, big = tmp_path / "le.ply", tmp_path / "ascii.ply", tmp_path / "be.ply"
+    _write_raw(ref_path, props, data)
+    _write_raw(asc, props, data, fmt="ascii")
+    _write_raw(big, props, data, fmt="binary_big_endian")
+    ref = read_ply(ref_path)
+    for p in (asc, big):
+        got = read_ply(p)
+        for name, t in ref.tensors().items():
+            assert torch.equal(getattr(got, name), t), (p.name, name)
+
+
+def test_unknown_property_is_ignored_with_a_warning(tmp_path, caplog):
+    props, data = _table(3)
+    data[:, props.index("rot_0")] = 1.0
+    _write_raw(tmp_path / "x.ply", props + ["transform"], np.concatenate([data, data[:, :1]], 1))
+    with caplog.at_level(logging.WARNING):
+        s = read_ply(tmp_path / "x.ply")
+    assert len(s) == 3
+    assert "ignoring unknown PLY properties: transform" in caplog.text
+
+
+# --- bad input: one line, naming the file and the problem -------------------------------------------
+def _expect_error(path, *fragments):
+    with pytest.raises(InputError) as e:
+        read_ply(path)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert str(path) in msg
+    for frag in fragments:
+        assert frag in msg, msg
+    return msg
+
+
+def test_missing_file(tmp_path):
+    _expect_error(tmp_path / "nope.ply", "file not found")
+
+
+def test_not_a_ply(tmp_path):
+    (tmp_path / "a.ply").write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 100)
+    _expect_error(tmp_path / "a.ply", "not a PLY file")
+
+
+def test_missing_required_properties(tmp_path):
+    props, data = _table(3)
+    keep = [i for i, p in enumerate(props) if p not in ("scale_1", "rot_3")]
+    _write_raw(tmp_path / "m.ply", [props[i] for i in keep], data[:, keep])
+    _expect_error(tmp_path / "m.ply", "missing required PLY properties", "scale_1", "rot_3")
+
+
+def test_truncated_data(tmp_path):
+    props, data = _table(10)
+    _write_raw(tmp_path / "t.ply", props, data)
+    raw = (tmp_path / "t.ply").read_bytes()
+    (tmp_path / "t.ply").write_bytes(raw[: len(raw) - 5])
+    _expect_error(tmp_path / "t.ply", "truncated", "declares 10 Gaussians", "holds 9")
+
+
+def test_non_finite_values_are_counted(tmp_path):
+    props, data = _table(6)
+    data[:, props.index("rot_0")] = 1.0
+    data[1, props.index("x")] = np.nan
+    data[2, props.index("scale_2")] = np.inf
+    data[4, props.index("scale_0")] = -np.inf
+    _write_raw(tmp_path / "n.ply", props, data)
+    _expect_error(tmp_path / "n.ply", "3 non-finite values", "position (1)", "scale (2)")
+
+
+def test_zero_length_quaternions(tmp_path):
+    props, data = _table(5)
+    for p in ("rot_0", "rot_1", "rot_2", "rot_3"):
+        data[[1, 3], props.index(p)] = 0.0
+    _write_raw(tmp_path / "q.ply", props, data)
+    _expect_error(tmp_path / "q.ply", "2 Gaussians have zero-length rotation quaternions")
+
+
+def test_empty_splat(tmp_path):
+    props, data = _table(0)
+    _write_raw(tmp_path / "e.ply", props, data)
+    _expect_error(tmp_path / "e.ply", "empty (0 Gaussians)")
+
+
+def test_bad_sh_count(tmp_path):
+    props, data = _table(2)
+    props = props[:9] + ["f_rest_0", "f_rest_1"] + props[9:]
+    data = np.concatenate([data[:, :9], np.zeros((2, 2), np.float32), data[:, 9:]], 1)
+    _write_raw(tmp_path / "sh.ply", props, data)
+    _expect_error(tmp_path / "sh.ply", "found 2 f_rest_* properties")
+
+
+def test_write_is_atomic(tmp_path, monkeypatch):
+    s = _random_splat(4, 0)
+
+    def broken(*a, **k):
+        raise RuntimeError("disk full")
+
+    # fails after the header has been written
+    monkeypatch.setattr("microdreamer.splat.np.ascontiguousarray", broken)
+    with pytest.raises(RuntimeError):
+        write_ply(s, tmp_path / "s.ply")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_splat_shape_checks():
+    s = _random_splat(3, 0)
+    with pytest.raises(ValueError, match="log_scales"):
+        Splat(s.means, s.sh_dc, s.sh_rest, s.opacity_logits, s.log_scales[:2], s.quats)
+
+
+@pytest.mark.parametrize(
+    "name,n,degree",
+    [
+        ("dg_creative_tmp_8.8k.ply", 8773, 0),
+        ("dg_ghost_amd_17k.ply", 17038, 0),
+        ("supersplat_fruit_drops_4.7k_sh3.ply", 4721, 3),
+        ("pc_guitar_91k_sh0.decoded.ply", 90854, 0),
+    ],
+)
+def test_sample_splats_load(tmp_path, name, n, degree):
+    s = read_ply(sample(f"splats/{name}"))
+    assert len(s) == n and s.sh_degree == degree
+    write_ply(s, tmp_path / "copy.ply")
+    back = read_ply(tmp_path / "copy.ply")
+    assert all(torch.equal(getattr(back, k), v) for k, v in s.tensors().items())
