@@ -1,0 +1,141 @@
+"""The ``microdreamer`` command line: wires the stages together, nothing more.
+
+Bad input ends with one line on stderr (``error: ...``) and exit status 2; outputs are written to a
+temporary name and renamed, so a failure leaves no half-written file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from microdreamer.errors import InputError
+
+MESH_SUFFIXES = (".glb", ".obj", ".ply")
+
+
+def _check_mesh_output(path: Path) -> Path:
+    if path.suffix.lower() not in MESH_SUFFIXES:
+        raise InputError(f"{path}: unsupported mesh format {path.suffix or '(none)'!r}; use .glb, .obj or .ply")
+    if path.exists() and path.is_dir():
+        raise InputError(f"{path}: is a directory; give a file name ending in .glb, .obj or .ply")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _progress_bar(desc: str):
+    """A tqdm bar driven by fractions in [0, 1]; returns (callback, close)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=100, desc=desc, unit="%", leave=False, file=sys.stderr, bar_format="{l_bar}{bar}| {elapsed}")
+
+    def update(fraction: float) -> None:
+        bar.n = int(round(100 * fraction))
+        bar.refresh()
+
+    return update, bar.close
+
+
+def _convert_and_save(splat, out: Path, args, name: str) -> None:
+    import torch
+
+    from microdreamer.field import FieldConfig
+    from microdreamer.mesh import MeshConfig, save_mesh
+    from microdreamer.pipeline import resolve_device, splat_to_mesh
+    from microdreamer.profiling import StageTimer
+
+    device = resolve_device(args.device)
+    field_cfg = FieldConfig(resolution=args.resolution, mode=args.mode)
+    mesh_cfg = MeshConfig(threshold=args.threshold, decimate_target=args.decimate)
+    timer = StageTimer()
+    update, close = _progress_bar("density field")
+    try:
+        result = splat_to_mesh(splat, field_cfg, mesh_cfg, device, timer=timer, progress=update, name=name)
+    finally:
+        close()
+    with timer.stage("export"):
+        save_mesh(result.mesh, out)
+    m = result.mesh
+    print(f"Gaussians: {result.num_gaussians_in} read, {result.num_gaussians_kept} kept (opacity > "
+          f"{field_cfg.min_opacity})")
+    print(f"grid: {result.resolution}^3, mode {args.mode}, backend {result.backend} on {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    print(f"mesh: {m.num_vertices} vertices, {m.num_faces} faces -> {out}")
+    print("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in timer.seconds.items()))
+
+
+def cmd_mesh(args: argparse.Namespace) -> None:
+    from microdreamer.splat import read_ply
+
+    out = _check_mesh_output(Path(args.output))
+    if args.resolution < 2 or args.resolution > 2048:
+        raise InputError(f"--resolution {args.resolution}: must be between 2 and 2048")
+    if args.decimate is not None and args.decimate < 4:
+        raise InputError(f"--decimate {args.decimate}: must be at least 4 faces")
+    t = time.perf_counter()
+    splat = read_ply(args.splat)
+    logging.getLogger(__name__).info("read %s in %.3f s", args.splat, time.perf_counter() - t)
+    _convert_and_save(splat, out, args, name=str(args.splat))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from microdreamer.splat import write_ply
+    from microdreamer.synthetic import make_synthetic_object
+
+    out_dir = Path(args.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    splat = make_synthetic_object(n=args.gaussians, seed=args.seed)
+    splat_path = write_ply(splat, out_dir / "splat.ply")
+    print(f"built a synthetic object of {len(splat)} Gaussians -> {splat_path}")
+    _convert_and_save(splat, out_dir / "mesh.glb", args, name="demo splat")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="microdreamer", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add_field_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--resolution", type=int, default=128, help="grid points per axis (default 128)")
+        sp.add_argument("--threshold", type=float, default=1.0, help="density iso-level (default 1.0)")
+        sp.add_argument("--mode", choices=["exact", "upstream"], default="exact",
+                        help="exact: every Gaussian within its cutoff (bounded error); upstream: "
+                        "DreamGaussian's block rule (default exact)")
+        sp.add_argument("--decimate", type=int, default=None, metavar="N", help="decimate to about N faces")
+        sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="where to compute the field (default auto: cuda if present)")
+
+    sp = sub.add_parser("mesh", help="convert a 3DGS .ply splat into a mesh (.glb, .obj or .ply)")
+    sp.add_argument("splat", help="input splat, INRIA 3DGS PLY layout")
+    sp.add_argument("-o", "--output", required=True, help="output mesh: OUT.glb, OUT.obj or OUT.ply")
+    add_field_args(sp)
+    sp.set_defaults(func=cmd_mesh)
+
+    sp = sub.add_parser("demo", help="build an object-like splat in code and convert it to a mesh")
+    sp.add_argument("-o", "--output", default="out/demo", help="output folder (default out/demo)")
+    sp.add_argument("--gaussians", type=int, default=20_000, help="Gaussians in the synthetic object")
+    sp.add_argument("--seed", type=int, default=0)
+    add_field_args(sp)
+    sp.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        args.func(args)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
