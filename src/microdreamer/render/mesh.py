@@ -1,0 +1,579 @@
+"""Triangle-mesh rasteriser and shader in plain PyTorch (CPU and CUDA, whichever holds the inputs).
+
+Used for ground-truth views (``render-views``), previews and texture baking. Two layers:
+
+* :func:`rasterize` -> :class:`Fragments`: per pixel the nearest face, its perspective-correct
+  barycentrics, the camera-space depth and coverage. :func:`rasterize_reference` is the brute-force
+  reference with the same signature and semantics (a ray/triangle intersection for every pixel and
+  every face, float64), for tests and as the baseline of benchmarks.
+* :func:`render_mesh` -> :class:`MeshRender`: colours from vertex colours or a UV texture (bilinear,
+  repeating), alpha, depth and world-space normals, with optional supersampling; built from
+  :func:`interpolate`, :func:`sample_texture` and :func:`shade`.
+
+Semantics shared by both rasterisers
+------------------------------------
+* Cameras are :class:`microdreamer.cameras.Cameras` (OpenCV world-to-camera, pixel intrinsics).
+  Pixel (x, y) has its centre at (x + 0.5, y + 0.5) in the intrinsics' pixel coordinates.
+* A face covers a pixel when the pixel centre lies inside it or on its boundary. A pixel shows the
+  covering face of smallest depth; exact ties go to the smaller face index.
+* Depth is the camera-space z (distance along the optical axis), kept in [near, far].
+* There is no clipping: a face with any vertex at z <= near is skipped whole, and so are faces of zero
+  projected area. Faces are two-sided unless ``cull_backfaces`` (front = counter-clockwise seen from
+  the camera, i.e. ``cross(v1 - v0, v2 - v0)`` points towards it, the convention of
+  :class:`microdreamer.mesh.Mesh`).
+
+How :func:`rasterize` is fast and memory-bounded
+------------------------------------------------
+Each (camera, face) pair is tested only against the pixels of its screen-space bounding box. Pairs are
+grouped by their box size rounded up to powers of two (Bw x Bh), so that a group is one dense
+[n, Bh, Bw] computation, cut into chunks of at most ``max_candidates`` pixel tests. Hits update a
+per-pixel depth buffer with ``scatter_reduce(amin)`` and then the face buffer (smallest face index among
+the hits at that depth), so the result does not depend on the processing order. A last pass computes
+the barycentrics of the winning faces only; it is differentiable with respect to the vertices (no
+gradient flows through coverage or visibility). Edge functions are evaluated with each edge's end
+points in a canonical order (smaller vertex index first), so two faces sharing an edge agree exactly
+on which side of it a pixel centre lies: no cracks and no gaps between them.
+Memory: O(C F + C H W + max_candidates).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from microdreamer.cameras import Cameras
+
+_MIN_AREA = 1e-10  # |double signed area| in pixels^2 below which a projected face is degenerate
+
+
+@dataclass
+class Fragments:
+    """What :func:`rasterize` returns: the visible face per pixel.
+
+    Attributes:
+        face_id: [C, H, W] int64, index into ``faces`` of the visible face, -1 where empty.
+        bary: [C, H, W, 3] float32, perspective-correct barycentric weights of the face's vertices
+            (sum 1), 0 where empty.
+        depth: [C, H, W, 1] float32, camera-space z, 0 where empty.
+        alpha: [C, H, W, 1] float32, 1 where a face covers the pixel centre, else 0.
+    """
+
+    face_id: torch.Tensor
+    bary: torch.Tensor
+    depth: torch.Tensor
+    alpha: torch.Tensor
+
+
+@dataclass
+class MeshRender:
+    """What :func:`render_mesh` returns.
+
+    Attributes:
+        rgb: [C, H, W, 3] float32, colour composited over the background.
+        alpha: [C, H, W, 1] float32 coverage (fractional at edges when supersampled).
+        depth: [C, H, W, 1] float32 camera-space z, averaged over the covered samples, 0 where empty.
+        normals: [C, H, W, 3] float32 world-space unit normals (outward for a consistently wound mesh),
+            0 where empty.
+    """
+
+    rgb: torch.Tensor
+    alpha: torch.Tensor
+    depth: torch.Tensor
+    normals: torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# rasterisation
+
+
+def _check_inputs(vertices: torch.Tensor, faces: torch.Tensor, cameras: Cameras) -> None:
+    if vertices.dim() != 2 or vertices.shape[1] != 3 or not vertices.is_floating_point():
+        raise ValueError(f"vertices must be [V, 3] float, got {tuple(vertices.shape)} {vertices.dtype}")
+    if faces.dim() != 2 or faces.shape[1] != 3 or faces.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"faces must be [F, 3] int64, got {tuple(faces.shape)} {faces.dtype}")
+    if vertices.device != faces.device or vertices.device != cameras.device:
+        raise ValueError(
+            f"vertices ({vertices.device}), faces ({faces.device}) and cameras ({cameras.device}) "
+            "must be on one device"
+        )
+    if faces.numel() and (int(faces.min()) < 0 or int(faces.max()) >= vertices.shape[0]):
+        raise ValueError(
+            f"faces index range [{int(faces.min())}, {int(faces.max())}] "
+            f"is outside [0, {vertices.shape[0] - 1}]"
+        )
+
+
+def _project(vertices: torch.Tensor, cameras: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Vertices [V, 3] -> (pixel coords [C, V, 2], camera-space z [C, V], camera-space points [C, V, 3])."""
+    vm = cameras.viewmats.to(vertices.dtype)
+    K = cameras.Ks.to(vertices.dtype)
+    cam = torch.einsum("cij,vj->cvi", vm[:, :3, :3], vertices) + vm[:, None, :3, 3]
+    z = cam[..., 2]
+    x, y = cam[..., 0] / z, cam[..., 1] / z
+    u = K[:, 0, 0, None] * x + K[:, 0, 1, None] * y + K[:, 0, 2, None]
+    v = K[:, 1, 1, None] * y + K[:, 1, 2, None]
+    return torch.stack([u, v], dim=-1), z, cam
+
+
+def _canonical_edges(p: torch.Tensor, vid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Edges opposite each vertex, with end points in canonical (smaller vertex index first) order.
+
+    Args:
+        p: [n, 3, 2] projected vertices of n faces; vid: [n, 3] their vertex indices.
+
+    Returns:
+        (start [n, 3, 2], direction [n, 3, 2], sign [n, 3]); the edge function of edge k at q is
+        ``sign * cross(direction, q - start)``, positive inside a counter-clockwise (in pixel
+        coordinates) face, and equal to the signed double area at the opposite vertex k.
+    """
+    a_idx, b_idx = [1, 2, 0], [2, 0, 1]  # edge k runs from vertex (k+1)%3 to (k+2)%3
+    pa, pb = p[:, a_idx], p[:, b_idx]
+    ia, ib = vid[:, a_idx], vid[:, b_idx]
+    swap = ia > ib
+    start = torch.where(swap[..., None], pb, pa)
+    end = torch.where(swap[..., None], pa, pb)
+    sign = torch.where(swap, -1.0, 1.0).to(p.dtype)
+    return start, end - start, sign
+
+
+def _edge_values(start, direction, sign, qx, qy) -> torch.Tensor:
+    """Edge functions at points (qx, qy) of shape [n, ...]: returns [n, ..., 3].
+
+    start/direction [n, 3, 2] and sign [n, 3] are broadcast over the trailing point dimensions.
+    """
+    extra = qx.dim() - 1
+    shape = (start.shape[0],) + (1,) * extra + (3,)
+    sx, sy = start[..., 0].reshape(shape), start[..., 1].reshape(shape)
+    dx, dy = direction[..., 0].reshape(shape), direction[..., 1].reshape(shape)
+    return sign.reshape(shape) * (dx * (qy[..., None] - sy) - dy * (qx[..., None] - sx))
+
+
+def _perspective(w: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Edge functions w [..., 3] and vertex depths z [..., 3] -> (barycentrics [..., 3], depth [...])."""
+    lin = w / w.sum(dim=-1, keepdim=True)  # screen-space barycentrics
+    q = lin / z
+    inv_z = q.sum(dim=-1)
+    return q / inv_z[..., None], 1.0 / inv_z
+
+
+def _valid_faces(zf: torch.Tensor, camf: torch.Tensor, pf: torch.Tensor, cameras: Cameras, cull: bool):
+    """[C, F] bool: faces in front of the near plane, not all beyond far, with nonzero area, facing
+    the camera when ``cull``. zf [C, F, 3], camf [C, F, 3, 3] camera-space vertices, pf [C, F, 3, 2]."""
+    ok = (zf > cameras.near).all(dim=-1) & (zf < cameras.far).any(dim=-1)
+    d1, d2 = pf[..., 1, :] - pf[..., 0, :], pf[..., 2, :] - pf[..., 0, :]
+    area2 = d1[..., 0] * d2[..., 1] - d1[..., 1] * d2[..., 0]
+    ok &= area2.abs() > _MIN_AREA
+    if cull:
+        n = torch.linalg.cross(camf[..., 1, :] - camf[..., 0, :], camf[..., 2, :] - camf[..., 0, :])
+        ok &= (n * camf[..., 0, :]).sum(dim=-1) < 0  # normal points towards the camera at the origin
+    return ok
+
+
+def rasterize(
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    cameras: Cameras,
+    cull_backfaces: bool = False,
+    max_candidates: int = 1 << 20,
+) -> Fragments:
+    """Rasterise a triangle mesh into C views (see the module docstring for the exact semantics).
+
+    Args:
+        vertices: [V, 3] float32, world space, on the cameras' device. May require grad: the
+            barycentrics and depth are differentiable with respect to it (not the coverage).
+        faces: [F, 3] int64 vertex indices.
+        cameras: C cameras of H x W pixels.
+        cull_backfaces: skip faces seen from behind.
+        max_candidates: the most pixel tests computed at once (bounds the temporary memory: about
+            60 bytes per candidate).
+
+    Returns:
+        :class:`Fragments` with face_id [C, H, W], bary [C, H, W, 3], depth [C, H, W, 1], alpha
+        [C, H, W, 1].
+    """
+    faces = faces.long()
+    _check_inputs(vertices, faces, cameras)
+    C, H, W, F = len(cameras), cameras.height, cameras.width, faces.shape[0]
+    device = vertices.device
+    big = C * F  # sentinel "no face" in the face buffer (global id = camera * F + face)
+    zbuf = torch.full((C * H * W,), math.inf, device=device, dtype=torch.float32)
+    fbuf = torch.full((C * H * W,), big, device=device, dtype=torch.int64)
+
+    with torch.no_grad():
+        pix, z, cam = _project(vertices.detach().float(), cameras)
+        if F > 0 and C > 0:
+            pf, zf, camf = pix[:, faces], z[:, faces], cam[:, faces]  # [C,F,3,2], [C,F,3], [C,F,3,3]
+            valid = _valid_faces(zf, camf, pf, cameras, cull_backfaces)
+            ci, fi = valid.nonzero(as_tuple=True)
+            _rasterize_pairs(
+                pf[ci, fi], zf[ci, fi], faces[fi], ci, ci * F + fi, cameras, zbuf, fbuf, big, max_candidates
+            )
+
+    covered = (fbuf < big).nonzero(as_tuple=True)[0]
+    ci = torch.div(covered, H * W, rounding_mode="floor")
+    fi = fbuf[covered] - ci * F
+    rem = covered - ci * H * W
+    qy = torch.div(rem, W, rounding_mode="floor").float() + 0.5
+    qx = (rem % W).float() + 0.5
+
+    # last pass: barycentrics and depth of the winning faces, with autograd through the vertices
+    pix_g, z_g, _ = _project(vertices.float(), cameras)
+    fv = faces[fi]
+    start, direction, sign = _canonical_edges(pix_g[ci[:, None], fv], fv)
+    w = _edge_values(start, direction, sign, qx, qy)
+    bary, depth = _perspective(w, z_g[ci[:, None], fv])
+
+    face_id = torch.full((C * H * W,), -1, device=device, dtype=torch.int64)
+    face_id[covered] = fi
+    bary_img = torch.zeros(C * H * W, 3, device=device, dtype=torch.float32).index_put((covered,), bary)
+    depth_img = torch.zeros(C * H * W, device=device, dtype=torch.float32).index_put((covered,), depth)
+    alpha = (face_id >= 0).float()
+    return Fragments(
+        face_id.view(C, H, W),
+        bary_img.view(C, H, W, 3),
+        depth_img.view(C, H, W, 1),
+        alpha.view(C, H, W, 1),
+    )
+
+
+def _rasterize_pairs(
+    pf: torch.Tensor,
+    zf: torch.Tensor,
+    vid: torch.Tensor,
+    cam_idx: torch.Tensor,
+    gid: torch.Tensor,
+    cameras: Cameras,
+    zbuf: torch.Tensor,
+    fbuf: torch.Tensor,
+    big: int,
+    max_candidates: int,
+) -> None:
+    """Depth-test n (camera, face) pairs into the buffers (in place).
+
+    pf [n, 3, 2] pixel coords, zf [n, 3] depths, vid [n, 3] vertex indices, cam_idx [n] camera,
+    gid [n] global face id (camera * F + face); zbuf [C H W] float32, fbuf [C H W] int64 with ``big``
+    meaning "no face".
+    """
+    H, W = cameras.height, cameras.width
+    if pf.shape[0] == 0:
+        return
+    # pixel-index bounding boxes: pixel x is covered only if x + 0.5 lies in [min_x, max_x]
+    lo = pf.amin(dim=1).clamp(-2.0, max(W, H) + 2.0)
+    hi = pf.amax(dim=1).clamp(-2.0, max(W, H) + 2.0)
+    x0 = torch.ceil(lo[:, 0] - 0.5).long().clamp_min(0)
+    y0 = torch.ceil(lo[:, 1] - 0.5).long().clamp_min(0)
+    x1 = torch.floor(hi[:, 0] - 0.5).long().clamp_max(W - 1)
+    y1 = torch.floor(hi[:, 1] - 0.5).long().clamp_max(H - 1)
+    keep = (x1 >= x0) & (y1 >= y0)
+    if not bool(keep.all()):
+        pf, zf, vid, cam_idx, gid = pf[keep], zf[keep], vid[keep], cam_idx[keep], gid[keep]
+        x0, y0, x1, y1 = x0[keep], y0[keep], x1[keep], y1[keep]
+    if pf.shape[0] == 0:
+        return
+    # bucket by box size rounded up to powers of two
+    lw = torch.ceil(torch.log2((x1 - x0 + 1).double())).long()
+    lh = torch.ceil(torch.log2((y1 - y0 + 1).double())).long()
+    key = lw * 64 + lh
+    order = torch.argsort(key, stable=True)
+    uniq, counts = torch.unique_consecutive(key[order], return_counts=True)
+    # Edge k at pixel centre q: w_k = cy_k (q_y - s_yk) - cx_k (q_x - s_xk), oriented so that the
+    # inside of every face has all w_k >= 0. The two terms are separable (one depends on the row, one
+    # on the column), so the [n, bh, bw] test is a comparison of an [n, bh] and an [n, bw] array.
+    # Only signs change between two faces sharing an edge, so they agree exactly on its pixels.
+    start, direction, sign = _canonical_edges(pf, vid)
+    d1, d2 = pf[:, 1] - pf[:, 0], pf[:, 2] - pf[:, 0]
+    orient = torch.sign(d1[:, 0] * d2[:, 1] - d1[:, 1] * d2[:, 0])
+    sgn = sign * orient[:, None]  # [n, 3], entries +-1
+    cy, cx = sgn * direction[..., 0], sgn * direction[..., 1]
+    begin = 0
+    for k, count in zip(uniq.tolist(), counts.tolist(), strict=True):
+        bw, bh = 1 << (k // 64), 1 << (k % 64)
+        group = order[begin : begin + count]
+        begin += count
+        chunk = max(1, max_candidates // (bw * bh))
+        offx = torch.arange(bw, device=pf.device)
+        offy = torch.arange(bh, device=pf.device)
+        for s in range(0, count, chunk):
+            idx = group[s : s + chunk]
+            py = y0[idx, None] + offy  # [n, bh] pixel rows
+            px = x0[idx, None] + offx  # [n, bw] pixel columns
+            ta = cy[idx, None, :] * ((py.float() + 0.5)[..., None] - start[idx, None, :, 1])  # [n, bh, 3]
+            tb = cx[idx, None, :] * ((px.float() + 0.5)[..., None] - start[idx, None, :, 0])  # [n, bw, 3]
+            ta[..., 0].masked_fill_(py > y1[idx, None], -math.inf)  # rows outside the box
+            tb[..., 0].masked_fill_(px > x1[idx, None], math.inf)  # columns outside the box
+            inside = ta[:, :, None, 0] >= tb[:, None, :, 0]  # w_0 >= 0
+            inside &= ta[:, :, None, 1] >= tb[:, None, :, 1]
+            inside &= ta[:, :, None, 2] >= tb[:, None, :, 2]
+            n_idx, yy, xx = inside.nonzero(as_tuple=True)
+            if n_idx.numel() == 0:
+                continue
+            sel = idx[n_idx]
+            _, depth = _perspective(ta[n_idx, yy] - tb[n_idx, xx], zf[sel])
+            ok = (depth >= cameras.near) & (depth <= cameras.far)
+            sel, depth, yy, xx = sel[ok], depth[ok], yy[ok], xx[ok]
+            p = (cam_idx[sel] * H + y0[sel] + yy) * W + x0[sel] + xx
+            g = gid[sel]
+            prev = zbuf[p]
+            zbuf.scatter_reduce_(0, p, depth, reduce="amin")
+            cur = zbuf[p]
+            fbuf[p[cur < prev]] = big  # a nearer hit arrived: forget the old face
+            win = depth == cur
+            fbuf.scatter_reduce_(0, p[win], g[win], reduce="amin")
+
+
+def rasterize_reference(
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    cameras: Cameras,
+    cull_backfaces: bool = False,
+    max_candidates: int = 0,
+) -> Fragments:
+    """Brute-force reference of :func:`rasterize`: same signature, semantics and outputs.
+
+    For every camera, pixel and face it intersects the pixel's ray with the face in camera space
+    (Moller-Trumbore, float64), so the barycentrics come from 3D geometry rather than from
+    screen-space interpolation. O(C H W F) time and memory: tiny inputs only. ``max_candidates`` is
+    ignored. Not differentiable.
+    """
+    faces = faces.long()
+    _check_inputs(vertices, faces, cameras)
+    C, H, W, F = len(cameras), cameras.height, cameras.width, faces.shape[0]
+    dev = vertices.device
+    v = vertices.detach().double()
+    vm, K = cameras.viewmats.double(), cameras.Ks.double()
+    ys, xs = torch.meshgrid(
+        torch.arange(H, device=dev, dtype=torch.float64) + 0.5,
+        torch.arange(W, device=dev, dtype=torch.float64) + 0.5,
+        indexing="ij",
+    )
+    face_id = torch.full((C, H, W), -1, dtype=torch.int64, device=dev)
+    bary = torch.zeros(C, H, W, 3, dtype=torch.float32, device=dev)
+    depth = torch.zeros(C, H, W, 1, dtype=torch.float32, device=dev)
+    for c in range(C):
+        cam = v @ vm[c, :3, :3].T + vm[c, :3, 3]  # [V, 3]
+        tri = cam[faces]  # [F, 3, 3]
+        # ray through the pixel centre, scaled so that its z component is 1 (then t = depth)
+        pix = torch.stack([xs, ys, torch.ones_like(xs)], dim=-1).reshape(-1, 3)  # [P, 3]
+        d = torch.linalg.solve(K[c], pix.T).T  # [P, 3]
+        d = d / d[:, 2:3]
+        e1, e2 = tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]  # [F, 3]
+        pvec = torch.linalg.cross(d[:, None, :].expand(-1, F, 3), e2[None].expand(d.shape[0], -1, 3))
+        det = (e1[None] * pvec).sum(-1)  # [P, F]
+        tvec = -tri[:, 0]  # ray origin (0) - v0
+        u = (tvec[None] * pvec).sum(-1) / det
+        qvec = torch.linalg.cross(tvec, e1)  # [F, 3]
+        w = (d @ qvec.T) / det
+        t = (e2 * qvec).sum(-1)[None] / det
+        hit = (det.abs() > 1e-30) & (u >= 0) & (w >= 0) & (u + w <= 1)
+        hit &= (t >= cameras.near) & (t <= cameras.far)
+        face_ok = (tri[..., 2] > cameras.near).all(-1) & (tri[..., 2] < cameras.far).any(-1)
+        if cull_backfaces:
+            n = torch.linalg.cross(e1, e2)
+            face_ok &= (n * tri[:, 0]).sum(-1) < 0
+        hit &= face_ok[None]
+        t = torch.where(hit, t, torch.full_like(t, math.inf))
+        tmin = t.amin(dim=1, keepdim=True) if F else torch.full((d.shape[0], 1), math.inf, device=dev)
+        any_hit = torch.isfinite(tmin[:, 0])
+        first = (t == tmin).to(torch.int8).argmax(dim=1) if F else torch.zeros(d.shape[0], dtype=torch.int64)
+        rows = any_hit.nonzero(as_tuple=True)[0]
+        f = first[rows]
+        b = torch.stack([1 - u[rows, f] - w[rows, f], u[rows, f], w[rows, f]], dim=-1)
+        face_id[c].view(-1)[rows] = f
+        bary[c].view(-1, 3)[rows] = b.float()
+        depth[c].view(-1)[rows] = t[rows, f].float()
+    return Fragments(face_id, bary, depth, (face_id >= 0).float()[..., None])
+
+
+# ---------------------------------------------------------------------------------------------
+# shading
+
+
+def interpolate(attributes: torch.Tensor, fragments: Fragments, faces: torch.Tensor) -> torch.Tensor:
+    """Interpolate vertex attributes at every pixel with the fragments' barycentrics.
+
+    Args:
+        attributes: [V, D] per-vertex values, or [F, 3, D] values per face corner.
+        fragments: from :func:`rasterize` with these faces.
+        faces: [F, 3] int64.
+
+    Returns:
+        [C, H, W, D], 0 where empty. Differentiable with respect to ``attributes`` and the barycentrics.
+    """
+    idx, fid = _covered(fragments)
+    values = _interpolate_at(attributes, faces, fid, fragments.bary.reshape(-1, 3)[idx])
+    return _scatter_pixels(values, idx, fragments.face_id.shape)
+
+
+def _covered(fragments: Fragments) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat indices [P] of the covered pixels, their face ids [P])."""
+    flat = fragments.face_id.reshape(-1)
+    idx = (flat >= 0).nonzero(as_tuple=True)[0]
+    return idx, flat[idx]
+
+
+def _interpolate_at(attributes: torch.Tensor, faces: torch.Tensor, fid: torch.Tensor, bary: torch.Tensor):
+    """[P, D] attributes ([V, D] per vertex or [F, 3, D] per corner) at P points (faces fid, bary [P, 3])."""
+    corner = attributes[faces[fid]] if attributes.dim() == 2 else attributes[fid]  # [P, 3, D]
+    return (bary[..., None] * corner).sum(dim=-2)
+
+
+def _scatter_pixels(values: torch.Tensor, idx: torch.Tensor, shape) -> torch.Tensor:
+    """[P, D] values at flat pixel indices -> [*shape, D] image, 0 elsewhere (differentiable)."""
+    n = math.prod(shape)
+    out = torch.zeros(n, values.shape[-1], dtype=values.dtype, device=values.device)
+    return out.index_put((idx,), values).view(*shape, values.shape[-1])
+
+
+def sample_texture(texture: torch.Tensor, uv: torch.Tensor) -> torch.Tensor:
+    """Bilinear texture lookup with repeat wrapping.
+
+    Args:
+        texture: [Ht, Wt, D] float, row 0 at the top of the image.
+        uv: [..., 2] float texture coordinates in the OBJ / trimesh convention: u to the right, v up
+            (v = 0 at the bottom row, 1 at the top); texel (i, j) has its centre at
+            u = (j + 0.5) / Wt, v = 1 - (i + 0.5) / Ht. Values outside [0, 1] repeat.
+
+    Returns:
+        [..., D], differentiable with respect to ``texture`` and ``uv``.
+    """
+    Ht, Wt, D = texture.shape
+    x = uv[..., 0] * Wt - 0.5
+    y = (1.0 - uv[..., 1]) * Ht - 0.5
+    x0f, y0f = torch.floor(x), torch.floor(y)
+    fx, fy = (x - x0f)[..., None], (y - y0f)[..., None]
+    x0 = x0f.long() % Wt
+    y0 = y0f.long() % Ht
+    x1, y1 = (x0 + 1) % Wt, (y0 + 1) % Ht
+    flat = texture.reshape(-1, D)
+
+    def at(yi, xi):
+        return flat[yi * Wt + xi]
+
+    top = at(y0, x0) * (1 - fx) + at(y0, x1) * fx
+    bottom = at(y1, x0) * (1 - fx) + at(y1, x1) * fx
+    return top * (1 - fy) + bottom * fy
+
+
+def _as_tensor(x: Any, device, dtype=None) -> torch.Tensor | None:
+    if x is None:
+        return None
+    return torch.as_tensor(x, device=device, dtype=dtype)
+
+
+def vertex_normals(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
+    """[V, 3] unit area-weighted vertex normals; vertices at identical positions (copies made at UV
+    seams) share one normal. Faces wound counter-clockwise from outside give outward normals."""
+    uniq, inverse = torch.unique(vertices.detach(), dim=0, return_inverse=True)
+    tri = vertices[faces]
+    fn = torch.linalg.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])  # length = 2 * area
+    acc = torch.zeros(uniq.shape[0], 3, device=vertices.device, dtype=vertices.dtype)
+    acc = acc.index_add(0, inverse[faces].reshape(-1), fn.repeat_interleave(3, dim=0))
+    return torch.nn.functional.normalize(acc, dim=-1)[inverse]
+
+
+def shade(mesh: Any, fragments: Fragments, default_color: Sequence[float] = (0.7, 0.7, 0.7)) -> torch.Tensor:
+    """Unlit surface colour per pixel: the UV texture when the mesh has ``uv`` and ``texture``, else its
+    ``vertex_colors``, else ``default_color``.
+
+    Args:
+        mesh: an object with ``faces`` [F, 3] and optionally ``uv`` [V, 2] (OBJ convention, see
+            :func:`sample_texture`), ``texture`` [Ht, Wt, 3] float in [0, 1], ``vertex_colors``
+            [V, 3] float in [0, 1] (NumPy arrays or tensors).
+        fragments: from :func:`rasterize` of this mesh.
+
+    Returns:
+        [C, H, W, 3] float32 colour, 0 where empty.
+    """
+    dev = fragments.bary.device
+    faces = _as_tensor(mesh.faces, dev, torch.int64)
+    uv = _as_tensor(getattr(mesh, "uv", None), dev, torch.float32)
+    texture = _as_tensor(getattr(mesh, "texture", None), dev, torch.float32)
+    colors = _as_tensor(getattr(mesh, "vertex_colors", None), dev, torch.float32)
+    idx, fid = _covered(fragments)
+    bary = fragments.bary.reshape(-1, 3)[idx]
+    if uv is not None and texture is not None:
+        values = sample_texture(texture[..., :3], _interpolate_at(uv, faces, fid, bary))
+    elif colors is not None:
+        values = _interpolate_at(colors[:, :3], faces, fid, bary)
+    else:
+        values = torch.as_tensor(default_color, dtype=torch.float32, device=dev).expand(idx.shape[0], 3)
+    return _scatter_pixels(values, idx, fragments.face_id.shape)
+
+
+def render_mesh(
+    mesh: Any,
+    cameras: Cameras,
+    background: Sequence[float] | torch.Tensor = (1.0, 1.0, 1.0),
+    ssaa: int = 1,
+    cull_backfaces: bool = False,
+    smooth_normals: bool = True,
+    default_color: Sequence[float] = (0.7, 0.7, 0.7),
+    camera_batch: int | None = None,
+    max_candidates: int = 1 << 20,
+) -> MeshRender:
+    """Render a mesh's unlit colour, coverage, depth and normals from C cameras.
+
+    Args:
+        mesh: ``vertices`` [V, 3], ``faces`` [F, 3] and optional ``uv``, ``texture``,
+            ``vertex_colors`` (see :func:`shade`): a :class:`microdreamer.mesh_io.TexturedMesh`, a
+            :class:`microdreamer.mesh.Mesh`, or anything alike; moved to the cameras' device.
+        cameras: C cameras of H x W pixels.
+        background: RGB in [0, 1], three values or [C, 3].
+        ssaa: supersampling factor s: rasterise at (s H) x (s W) and average s x s blocks (colours
+            premultiplied by coverage), for antialiased edges and texture minification.
+        cull_backfaces, max_candidates: passed to :func:`rasterize`.
+        smooth_normals: interpolate vertex normals (True) or use the face normals.
+        camera_batch: cameras rasterised at once; default: as many as keep about 4M supersampled
+            pixels per batch.
+
+    Returns:
+        :class:`MeshRender` (rgb, alpha, depth, normals at H x W).
+    """
+    dev = cameras.device
+    vertices = _as_tensor(mesh.vertices, dev, torch.float32)
+    faces = _as_tensor(mesh.faces, dev, torch.int64)
+    C, H, W = len(cameras), cameras.height, cameras.width
+    bg = torch.as_tensor(background, dtype=torch.float32, device=dev)
+    bg = bg.expand(C, 3) if bg.dim() <= 1 else bg
+    if bg.shape != (C, 3):
+        raise ValueError(f"background must be 3 values or [C, 3] = [{C}, 3], got {tuple(bg.shape)}")
+    if ssaa < 1:
+        raise ValueError(f"ssaa must be >= 1, got {ssaa}")
+    if camera_batch is None:
+        camera_batch = max(1, (4 << 20) // (H * W * ssaa * ssaa))
+    normals_v = vertex_normals(vertices, faces) if smooth_normals and faces.shape[0] else None
+    if normals_v is None and faces.shape[0]:
+        tri = vertices[faces]
+        normals_f = torch.nn.functional.normalize(
+            torch.linalg.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), dim=-1
+        )
+    outs = []
+    for b in range(0, C, camera_batch):
+        cams = cameras[b : b + camera_batch]
+        big = Cameras(cams.viewmats, cams.Ks.clone(), W * ssaa, H * ssaa, cams.near, cams.far)
+        big.Ks[:, :2] *= ssaa  # fx, fy, cx, cy in supersampled pixels
+        frags = rasterize(vertices, faces, big, cull_backfaces=cull_backfaces, max_candidates=max_candidates)
+        color = shade(mesh, frags, default_color)
+        if faces.shape[0] == 0:
+            normal = torch.zeros_like(color)
+        elif normals_v is not None:
+            normal = interpolate(normals_v, frags, faces)
+        else:
+            normal = normals_f[frags.face_id.clamp_min(0)] * frags.alpha
+        stacked = torch.cat([color, frags.alpha, frags.depth, normal], dim=-1)  # premultiplied by coverage
+        c = stacked.shape[0]
+        pooled = stacked.view(c, H, ssaa, W, ssaa, -1).mean(dim=(2, 4))
+        outs.append(pooled)
+    if not outs:
+        pooled = torch.zeros(0, H, W, 8, device=dev)
+    else:
+        pooled = torch.cat(outs, dim=0)
+    alpha = pooled[..., 3:4]
+    rgb = pooled[..., :3] + bg[:, None, None, :] * (1 - alpha)
+    depth = torch.where(alpha > 0, pooled[..., 4:5] / alpha.clamp_min(1e-12), torch.zeros_like(alpha))
+    normals = torch.nn.functional.normalize(pooled[..., 5:8], dim=-1)
+    return MeshRender(rgb, alpha, depth, normals)
