@@ -17,7 +17,9 @@ Modes
 -----
 ``upstream``: a Gaussian counts at a voxel only if its centre lies strictly inside the voxel's block
 (``R // num_blocks`` voxels a side, the last block possibly smaller), grown by
-``relax_ratio * 2 / num_blocks`` on every side, exactly as upstream's tiling decides; no other cut.
+``relax_ratio * 2 / num_blocks`` on every side, exactly as upstream's tiling decides; no other cut
+(the fast paths skip terms below 1.6e-38, float32's smallest normal number, which upstream's float32
+arithmetic cannot add to anything either).
 
 ``exact``: no blocks; Gaussian i counts wherever ``q_i(x) <= c^2`` with ``c^2 = 2 ln(1 / cutoff_tol)``.
 Bound: every dropped term is ``o_i exp(-q/2) < cutoff_tol * o_i <= cutoff_tol``, i.e. below
