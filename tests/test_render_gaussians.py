@@ -1,0 +1,321 @@
+"""Gaussian renderer: the tiled PyTorch rasteriser against a dense brute-force reference, gradients,
+and (on CUDA) gsplat against the PyTorch rasteriser.
+
+The reference below is written independently of the library's tiling: every Gaussian against every
+pixel, in float64, a per-pixel front-to-back loop that breaks like gsplat's kernel, and no bounding
+boxes at all (so it also checks that the library's opacity-aware boxes never cut anything drawn).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from microdreamer.cameras import Cameras, orbit_cameras
+from microdreamer.render import _torch_raster as tr
+from microdreamer.render import render
+from microdreamer.render.gaussians import eval_sh, resolve_backend, view_colors
+from microdreamer.splat import Splat, num_sh_coeffs
+
+
+# ------------------------------------------------------------------ input builders (shared with benchmarks)
+def random_splat(
+    n: int,
+    seed: int = 0,
+    sh_degree: int = 0,
+    spread: float = 0.6,
+    log_scale: float = -2.5,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> Splat:
+    """N random Gaussians in [-spread, spread]^3: log-normal scales around e^log_scale, random
+    unnormalised quaternions, opacities in (0, 1) incl. a few below 1/255, random SH."""
+    g = torch.Generator().manual_seed(seed)
+    k = num_sh_coeffs(sh_degree)
+    opacity_logits = torch.randn(n, generator=g) * 1.5
+    if n >= 4:
+        opacity_logits[:2] = -7.0  # opacity ~ 0.0009 < 1/255: culled
+    splat = Splat(
+        means=(torch.rand(n, 3, generator=g) * 2 - 1) * spread,
+        sh_dc=torch.randn(n, 3, generator=g),
+        sh_rest=0.3 * torch.randn(n, k - 1, 3, generator=g),
+        opacity_logits=opacity_logits,
+        log_scales=log_scale + 0.5 * torch.randn(n, 3, generator=g),
+        quats=torch.randn(n, 4, generator=g) * (0.5 + torch.rand(n, 1, generator=g)),
+    )
+    return Splat(**{name: t.to(device=device, dtype=dtype) for name, t in splat.tensors().items()})
+
+
+def test_cameras(width: int = 37, height: int = 29, n: int = 3) -> Cameras:
+    """C = n orbit cameras, the last one close to the origin (Gaussians behind it and near it)."""
+    el = [-20.0, 10.0, 35.0, -5.0][:n]
+    az = [15.0, 130.0, 250.0, 300.0][:n]
+    radius = [2.0, 2.2, 0.45, 1.7][:n]
+    return orbit_cameras(el, az, radius=torch.tensor(radius), width=width, height=height)
+
+
+test_cameras.__test__ = False  # a builder, not a test
+
+
+# ------------------------------------------------------------------ dense float64 reference
+def dense_reference(splat: Splat, cams: Cameras, background, sh_degree: int | None = None):
+    """Every Gaussian against every pixel, float64 numpy, gsplat's rules, no tiles and no boxes."""
+    s = Splat(**{k: v.detach().double().cpu() for k, v in splat.tensors().items()})
+    degree = s.sh_degree if sh_degree is None else sh_degree
+    colors = view_colors(s, cams.to("cpu"), degree).expand(len(cams), -1, -1).numpy()  # [C, N, 3]
+    means, covs, opac = s.means.numpy(), s.covariances().numpy(), s.opacities().numpy()
+    W, H = cams.width, cams.height
+    bg = np.broadcast_to(np.asarray(background, np.float64), (len(cams), 3))
+    py, px = np.meshgrid(np.arange(H) + 0.5, np.arange(W) + 0.5, indexing="ij")
+    rgbs, alphas, depths = [], [], []
+    for c in range(len(cams)):
+        V = cams.viewmats[c].double().numpy()
+        K = cams.Ks[c].double().numpy()
+        R, t = V[:3, :3], V[:3, 3]
+        fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+        drawn = []
+        for i in range(len(s)):
+            x, y, z = R @ means[i] + t
+            if z < cams.near or z > cams.far or opac[i] < 1 / 255:
+                continue
+            lim_x = (W - cx) / fx + 0.15 * W / fx, cx / fx + 0.15 * W / fx  # 0.3 * tan(fov/2) margin
+            lim_y = (H - cy) / fy + 0.15 * H / fy, cy / fy + 0.15 * H / fy
+            u = min(lim_x[0], max(-lim_x[1], x / z))
+            v = min(lim_y[0], max(-lim_y[1], y / z))
+            J = np.array([[fx / z, 0, -fx * u / z], [0, fy / z, -fy * v / z]])
+            cov2 = J @ (R @ covs[i] @ R.T) @ J.T + 0.3 * np.eye(2)
+            if np.linalg.det(cov2) <= 0:
+                continue
+            drawn.append((z, i, np.array([fx * x / z + cx, fy * y / z + cy]), np.linalg.inv(cov2)))
+        drawn.sort(key=lambda d: (d[0], d[1]))  # front to back, ties by index
+        T = np.ones((H, W))
+        acc = np.zeros((H, W, 4))
+        done = np.zeros((H, W), bool)
+        for z, i, mu, Q in drawn:
+            dx, dy = mu[0] - px, mu[1] - py
+            sigma = 0.5 * (Q[0, 0] * dx * dx + Q[1, 1] * dy * dy) + Q[0, 1] * dx * dy
+            alpha = np.minimum(0.999, opac[i] * np.exp(-sigma))
+            active = ~done & (sigma >= 0) & (alpha >= 1 / 255)
+            next_T = T * (1 - alpha)
+            stop = active & (next_T <= 1e-4)
+            done |= stop
+            active &= ~stop
+            w = np.where(active, alpha * T, 0.0)
+            acc += w[..., None] * np.append(colors[c, i], z)
+            T = np.where(active, next_T, T)
+        a = 1 - T
+        rgbs.append(acc[..., :3] + T[..., None] * bg[c])
+        alphas.append(a[..., None])
+        depths.append(acc[..., 3:] / np.maximum(a, 1e-10)[..., None])
+    return np.stack(rgbs), np.stack(alphas), np.stack(depths)
+
+
+def opaque_stack(n: int = 12) -> Splat:
+    """N large, nearly opaque Gaussians stacked along the view axis (float64): T falls below 1e-4
+    and alphas hit the 0.999 clamp."""
+    z = torch.linspace(-0.4, 0.4, n)
+    means = torch.stack([0.02 * torch.sin(3 * z), 0.02 * torch.cos(5 * z), z], -1)
+    op = torch.full((n,), 0.9995)
+    op[::3] = 0.97
+    colors = torch.rand(n, 3, generator=torch.Generator().manual_seed(1))
+    quats = torch.tensor([[1.0, 0.0, 0.0, 0.0]]).expand(n, 4)
+    splat = Splat.from_activated(means, torch.full((n, 3), 0.12), quats, op, colors)
+    return Splat(**{k: v.double() for k, v in splat.tensors().items()})
+
+
+# ------------------------------------------------------------------ forward against the reference
+@pytest.mark.parametrize(
+    "n, sh_degree, size",
+    [(0, 0, (16, 16)), (1, 0, (16, 16)), (37, 0, (37, 29)), (64, 1, (24, 40)), (50, 3, (33, 17))],
+)
+def test_torch_matches_dense_reference_float64(n, sh_degree, size):
+    splat = random_splat(n, seed=n + 7 * sh_degree, sh_degree=sh_degree, dtype=torch.float64)
+    cams = test_cameras(*size)
+    bg = (0.2, 0.5, 0.9)
+    out = render(splat, cams, background=bg, backend="torch")
+    rgb, alpha, depth = dense_reference(splat, cams, bg)
+    # float64 on both sides, same rules: agreement to rounding (1e-9 leaves room for cumprod order)
+    np.testing.assert_allclose(out.rgb.numpy(), rgb, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(out.alpha.numpy(), alpha, atol=1e-9, rtol=0)
+    # depth divides by alpha: compare where something is drawn (alpha > 1e-3), relative
+    drawn = alpha > 1e-3
+    np.testing.assert_allclose(out.depth.numpy()[drawn], depth[drawn], rtol=1e-8, atol=1e-9)
+    assert out.rgb.shape == (len(cams), size[1], size[0], 3)
+
+
+def test_transmittance_cutoff_and_alpha_clamp_match_reference():
+    splat = opaque_stack()
+    cams = orbit_cameras([0.0, 0.0], [0.0, 180.0], radius=2.0, width=21, height=19)
+    out = render(splat, cams, background=(0.0, 1.0, 0.0), backend="torch")
+    rgb, alpha, depth = dense_reference(splat, cams, (0.0, 1.0, 0.0))
+    assert (1 - alpha).min() < 1e-3  # the cutoff really fires somewhere
+    np.testing.assert_allclose(out.rgb.numpy(), rgb, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(out.alpha.numpy(), alpha, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(out.depth.numpy(), depth, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("tile_size", [4, 8, 16])
+def test_float32_tiles_and_chunks_match_reference(tile_size):
+    splat = random_splat(80, seed=3, sh_degree=1, log_scale=-2.0)
+    cams = test_cameras(45, 35, n=4)
+    out = render(splat, cams, background=(1, 1, 1), backend="torch", tile_size=tile_size)
+    rgb, alpha, _ = dense_reference(splat, cams, (1, 1, 1))
+    # float32 against float64: 2e-5 covers float32 rounding of sums of up to ~100 terms
+    np.testing.assert_allclose(out.rgb.numpy(), rgb, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(out.alpha.numpy(), alpha, atol=2e-5, rtol=0)
+    # tiny chunks and forced checkpointing give the same image
+    proj = tr.project(
+        splat.means,
+        splat.covariances(),
+        splat.opacities(),
+        cams.viewmats,
+        cams.Ks,
+        45,
+        35,
+        cams.near,
+        cams.far,
+    )
+    feats = torch.rand(len(cams), len(splat), 2, generator=torch.Generator().manual_seed(0))
+    a1, al1 = tr.rasterize(proj, splat.opacities(), feats, 45, 35, tile_size=tile_size)
+    a2, al2 = tr.rasterize(proj, splat.opacities(), feats, 45, 35, tile_size=tile_size, chunk_elems=1)
+    torch.testing.assert_close(a1, a2, atol=1e-6, rtol=0)
+    torch.testing.assert_close(al1, al2, atol=1e-6, rtol=0)
+
+
+def test_empty_splat_renders_background():
+    splat = random_splat(0)
+    cams = test_cameras(8, 6, n=2)
+    out = render(splat, cams, background=(0.1, 0.2, 0.3))
+    assert torch.equal(out.rgb, torch.tensor([0.1, 0.2, 0.3]).expand(2, 6, 8, 3))
+    assert out.alpha.abs().max() == 0 and out.depth.abs().max() == 0
+
+
+def test_backend_resolution():
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    with pytest.raises(ValueError, match="CUDA"):
+        resolve_backend("gsplat", torch.device("cpu"))
+    with pytest.raises(ValueError, match="unknown"):
+        resolve_backend("vulkan", torch.device("cpu"))
+
+
+# ------------------------------------------------------------------ spherical harmonics
+def test_sh_basis_is_orthonormal():
+    """Gauss-Legendre in cos(theta) x uniform phi integrates degree <= 6 products exactly."""
+    nodes, weights = np.polynomial.legendre.leggauss(12)
+    n_phi = 24
+    phi = (np.arange(n_phi) + 0.5) * 2 * math.pi / n_phi
+    ct, ph = np.meshgrid(nodes, phi, indexing="ij")
+    st = np.sqrt(1 - ct**2)
+    dirs = torch.from_numpy(np.stack([st * np.cos(ph), st * np.sin(ph), ct], -1).reshape(-1, 3))
+    w = torch.from_numpy(np.repeat(weights, n_phi) * (2 * math.pi / n_phi))
+    # basis function j: coefficients one-hot at j (same for the three channels)
+    basis = torch.stack(
+        [eval_sh(3, dirs, torch.eye(16, dtype=torch.float64)[j][None, :, None].expand(len(dirs), 16, 3))[:, 0]
+         for j in range(16)], -1,
+    )  # fmt: skip
+    gram = basis.T @ (basis * w[:, None])
+    torch.testing.assert_close(gram, torch.eye(16, dtype=torch.float64), atol=1e-12, rtol=0)
+
+
+def test_sh_degree1_signs():
+    """3DGS convention: Y_1 = (-C1 y, C1 z, -C1 x)."""
+    d = torch.tensor([[0.6, 0.0, 0.8]], dtype=torch.float64)
+    coeffs = torch.zeros(1, 4, 3, dtype=torch.float64)
+    coeffs[0, 1:4, 0] = torch.tensor([1.0, 2.0, 3.0])
+    got = eval_sh(1, d, coeffs)[0, 0].item()
+    c1 = 0.4886025119029199
+    assert got == pytest.approx(-c1 * 0.0 * 1 + c1 * 0.8 * 2 - c1 * 0.6 * 3, abs=1e-15)
+
+
+# ------------------------------------------------------------------ gradients
+def _param_fn(splat: Splat, cams: Cameras, bg, names):
+    def fn(*tensors):
+        params = splat.tensors()
+        params.update(dict(zip(names, tensors, strict=True)))
+        out = render(Splat(**params), cams, background=bg, backend="torch")
+        return out.rgb, out.alpha, out.depth
+
+    return fn
+
+
+def test_gradcheck_all_parameters():
+    splat = random_splat(4, seed=11, sh_degree=1, spread=0.3, log_scale=-1.6, dtype=torch.float64)
+    splat.opacity_logits = torch.tensor([0.3, -0.5, 1.0, 0.1], dtype=torch.float64)  # away from 0.999
+    cams = test_cameras(9, 7, n=2)
+    names = ["means", "sh_dc", "sh_rest", "opacity_logits", "log_scales", "quats"]
+    inputs = [splat.tensors()[k].clone().requires_grad_(True) for k in names]
+    fn = _param_fn(splat, cams, torch.tensor([[0.3, 0.6, 0.1], [1.0, 1.0, 1.0]], dtype=torch.float64), names)
+    # float64 central differences; a pixel crossing the 1/255 cut within eps would be a (rare) jump
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_gradcheck_checkpointed_rasterize():
+    splat = random_splat(5, seed=2, spread=0.3, log_scale=-1.7, dtype=torch.float64)
+    cams = test_cameras(10, 9, n=1)
+    op = splat.opacities().detach()
+    proj = tr.project(splat.means, splat.covariances(), op, cams.viewmats.double(), cams.Ks.double(), 10, 9)
+    m2 = proj.means2d.detach().clone().requires_grad_(True)
+    con = proj.conics.detach().clone().requires_grad_(True)
+    feats = torch.rand(1, 5, 3, dtype=torch.float64, requires_grad=True)
+    opr = op.clone().requires_grad_(True)
+
+    def fn(m2, con, opr, feats):
+        p = tr.Projection(means2d=m2, conics=con, depths=proj.depths.detach(), radii=proj.radii)
+        return tr.rasterize(p, opr, feats, 10, 9, tile_size=4, chunk_elems=256, checkpoint_above=0)
+
+    assert torch.autograd.gradcheck(fn, (m2, con, opr, feats), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_means2d_grad_is_retained_and_zero_for_culled():
+    splat = random_splat(30, seed=5)
+    splat.means.requires_grad_(True)
+    cams = test_cameras(20, 16)
+    out = render(splat, cams, backend="torch", retain_means2d_grad=True)
+    (out.rgb.sum() + out.alpha.sum()).backward()
+    g = out.means2d.grad
+    assert g is not None and g.shape == (len(cams), 30, 2)
+    assert g[~out.visible].abs().max() == 0
+    assert g[out.visible].abs().max() > 0
+    # the opacity-culled Gaussians never draw
+    assert not out.visible[:, :2].any()
+
+
+# ------------------------------------------------------------------ gsplat against the reference (CUDA)
+@pytest.mark.cuda
+@pytest.mark.parametrize("sh_degree", [0, 3])
+def test_gsplat_matches_torch_backend(sh_degree):
+    pytest.importorskip("gsplat")
+    splat = random_splat(3000, seed=21 + sh_degree, sh_degree=sh_degree, log_scale=-3.0, device="cuda")
+    cams = test_cameras(96, 80, n=4).to("cuda")
+    bg = (0.3, 0.6, 0.9)
+    params = {k: v.clone().requires_grad_(True) for k, v in splat.tensors().items()}
+    outs = {}
+    for backend in ("torch", "gsplat"):
+        p = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+        out = render(Splat(**p), cams, background=bg, backend=backend, retain_means2d_grad=True)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        w_rgb = torch.rand(out.rgb.shape, device="cuda", generator=g)
+        w_a = torch.rand(out.alpha.shape, device="cuda", generator=g)
+        drawn = out.alpha.detach() > 0.05
+        loss = (w_rgb * out.rgb).sum() + (w_a * out.alpha).sum() + (out.depth * drawn).sum() * 0.1
+        loss.backward()
+        outs[backend] = (out, {k: v.grad for k, v in p.items()})
+    (ot, gt), (og, gg) = outs["torch"], outs["gsplat"]
+    # images: both float32; gsplat uses fast-math exp, so 1e-4 absolute per pixel
+    torch.testing.assert_close(og.rgb, ot.rgb, atol=1e-4, rtol=0)
+    torch.testing.assert_close(og.alpha, ot.alpha, atol=1e-4, rtol=0)
+    drawn = ot.alpha > 0.05
+    torch.testing.assert_close(og.depth[drawn], ot.depth[drawn], atol=1e-3, rtol=1e-3)
+    assert torch.equal(og.radii > 0, ot.radii > 0) or (og.visible != ot.visible).float().mean() < 1e-3
+    # gradients: float32 sums over thousands of pixels in a different order; compare each
+    # parameter's gradient relative to its largest entry (2e-3) and its overall direction
+    for name in gt:
+        a, b = gg[name].flatten(), gt[name].flatten()
+        scale = b.abs().max().clamp_min(1e-12)
+        assert ((a - b).abs().max() / scale) < 2e-3, name
+        assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.9999, name
+    m_t, m_g = ot.means2d.grad, og.means2d.grad
+    assert ((m_t - m_g).abs().max() / m_t.abs().max()) < 2e-3
