@@ -103,7 +103,9 @@ def test_exact_cutoff_bound():
     s = make_random_splat(40, seed=8, spread=0.7)
     cfg = FieldConfig(resolution=24, mode="exact")
     prepared, grid = prepare_gaussians(s, cfg)
-    full = density_field_reference(prepared, grid, FieldConfig(resolution=24, mode="exact", cutoff_tol=1e-300))
+    full = density_field_reference(
+        prepared, grid, FieldConfig(resolution=24, mode="exact", cutoff_tol=1e-300)
+    )
     cut = density_field_reference(prepared, grid, cfg)
     assert (full - cut).min() >= 0
     assert (full - cut).max() <= cfg.cutoff_tol * float(prepared.opacities.sum())
@@ -129,8 +131,9 @@ def test_whitening_transform_matches_covariance():
     kept = s.subset(s.opacities() > 0.005)
     cov = kept.covariances().double() * grid.scale**2
     m = prepared.transforms.double()
-    assert torch.allclose(m.transpose(1, 2) @ m @ cov, torch.eye(3, dtype=torch.float64).expand(len(kept), 3, 3),
-                          atol=1e-4)
+    assert torch.allclose(
+        m.transpose(1, 2) @ m @ cov, torch.eye(3, dtype=torch.float64).expand(len(kept), 3, 3), atol=1e-4
+    )
 
 
 def test_gaussian_3d_coeff_agrees_with_whitened_form():
@@ -171,7 +174,9 @@ def _upstream_extract_fields(prepared, resolution, num_blocks=16, relax_ratio=1.
                 if not mask.any():
                     continue
                 g_pts = pts[:, None, :] - xyzs[mask][None]  # [M, L, 3]
-                w = gaussian_3d_coeff(g_pts.reshape(-1, 3), covs[mask].repeat(len(pts), 1)).reshape(len(pts), -1)
+                w = gaussian_3d_coeff(g_pts.reshape(-1, 3), covs[mask].repeat(len(pts), 1)).reshape(
+                    len(pts), -1
+                )
                 val = (w * opas[mask][None]).sum(-1)
                 occ[xi * split : xi * split + len(xs), yi * split : yi * split + len(ys),
                     zi * split : zi * split + len(zs)] = val.reshape(len(xs), len(ys), len(zs))  # fmt: skip

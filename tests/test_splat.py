@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import sample
 from microdreamer.errors import InputError
 from microdreamer.splat import Splat, num_sh_coeffs, quat_to_rotmat, read_ply, write_ply
 from microdreamer.synthetic import make_random_splat
-
-from conftest import sample
 
 INRIA_ORDER = (
     ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"],
@@ -79,7 +78,9 @@ def test_activations_and_covariance():
     q = s.rotations()
     assert torch.allclose(q.norm(dim=-1), torch.ones(50), atol=1e-6)
     rot = quat_to_rotmat(torch.nn.functional.normalize(s.quats.double(), dim=-1))
-    assert torch.allclose(rot @ rot.transpose(1, 2), torch.eye(3, dtype=torch.float64).expand(50, 3, 3), atol=1e-12)
+    assert torch.allclose(
+        rot @ rot.transpose(1, 2), torch.eye(3, dtype=torch.float64).expand(50, 3, 3), atol=1e-12
+    )
     assert torch.allclose(torch.linalg.det(rot), torch.ones(50, dtype=torch.float64), atol=1e-12)
     cov = s.covariances().double()
     eig = torch.linalg.eigvalsh(cov)

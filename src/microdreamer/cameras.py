@@ -50,7 +50,9 @@ class Cameras:
         return self.viewmats.device
 
     def to(self, device: str | torch.device) -> Cameras:
-        return Cameras(self.viewmats.to(device), self.Ks.to(device), self.width, self.height, self.near, self.far)
+        return Cameras(
+            self.viewmats.to(device), self.Ks.to(device), self.width, self.height, self.near, self.far
+        )
 
     def __getitem__(self, index) -> Cameras:
         v, k = self.viewmats[index], self.Ks[index]

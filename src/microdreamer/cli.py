@@ -19,7 +19,9 @@ MESH_SUFFIXES = (".glb", ".obj", ".ply")
 
 def _check_mesh_output(path: Path) -> Path:
     if path.suffix.lower() not in MESH_SUFFIXES:
-        raise InputError(f"{path}: unsupported mesh format {path.suffix or '(none)'!r}; use .glb, .obj or .ply")
+        raise InputError(
+            f"{path}: unsupported mesh format {path.suffix or '(none)'!r}; use .glb, .obj or .ply"
+        )
     if path.exists() and path.is_dir():
         raise InputError(f"{path}: is a directory; give a file name ending in .glb, .obj or .ply")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -30,7 +32,15 @@ def _progress_bar(desc: str):
     """A tqdm bar driven by fractions in [0, 1]; returns (callback, close)."""
     from tqdm import tqdm
 
-    bar = tqdm(total=100, desc=desc, unit="%", leave=False, file=sys.stderr, bar_format="{l_bar}{bar}| {elapsed}")
+    bar = tqdm(
+        total=100,
+        desc=desc,
+        unit="%",
+        leave=False,
+        file=sys.stderr,
+        disable=None,
+        bar_format="{l_bar}{bar}| {elapsed}",
+    )  # no bar when stderr is not a terminal
 
     def update(fraction: float) -> None:
         bar.n = int(round(100 * fraction))
@@ -59,10 +69,14 @@ def _convert_and_save(splat, out: Path, args, name: str) -> None:
     with timer.stage("export"):
         save_mesh(result.mesh, out)
     m = result.mesh
-    print(f"Gaussians: {result.num_gaussians_in} read, {result.num_gaussians_kept} kept (opacity > "
-          f"{field_cfg.min_opacity})")
-    print(f"grid: {result.resolution}^3, mode {args.mode}, backend {result.backend} on {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    print(
+        f"Gaussians: {result.num_gaussians_in} read, {result.num_gaussians_kept} kept (opacity > "
+        f"{field_cfg.min_opacity})"
+    )
+    print(
+        f"grid: {result.resolution}^3, mode {args.mode}, backend {result.backend} on {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    )
     print(f"mesh: {m.num_vertices} vertices, {m.num_faces} faces -> {out}")
     print("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in timer.seconds.items()))
 
@@ -101,12 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
     def add_field_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--resolution", type=int, default=128, help="grid points per axis (default 128)")
         sp.add_argument("--threshold", type=float, default=1.0, help="density iso-level (default 1.0)")
-        sp.add_argument("--mode", choices=["exact", "upstream"], default="exact",
-                        help="exact: every Gaussian within its cutoff (bounded error); upstream: "
-                        "DreamGaussian's block rule (default exact)")
+        sp.add_argument(
+            "--mode",
+            choices=["exact", "upstream"],
+            default="exact",
+            help="exact: every Gaussian within its cutoff (bounded error); upstream: "
+            "DreamGaussian's block rule (default exact)",
+        )
         sp.add_argument("--decimate", type=int, default=None, metavar="N", help="decimate to about N faces")
-        sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                        help="where to compute the field (default auto: cuda if present)")
+        sp.add_argument(
+            "--device",
+            default="auto",
+            choices=["auto", "cpu", "cuda"],
+            help="where to compute the field (default auto: cuda if present)",
+        )
 
     sp = sub.add_parser("mesh", help="convert a 3DGS .ply splat into a mesh (.glb, .obj or .ply)")
     sp.add_argument("splat", help="input splat, INRIA 3DGS PLY layout")

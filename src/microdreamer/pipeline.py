@@ -61,9 +61,7 @@ def splat_to_mesh(
         fld = density_field(splat, field_config, backend="auto", device=device, progress=progress)
         values = fld.values.cpu()
     if fld.num_gaussians == 0:
-        raise InputError(
-            f"{name}: no Gaussian has opacity above {field_config.min_opacity}; nothing to mesh"
-        )
+        raise InputError(f"{name}: no Gaussian has opacity above {field_config.min_opacity}; nothing to mesh")
     vmax = float(values.max())
     if vmax <= mesh_config.threshold:
         raise InputError(
@@ -72,4 +70,6 @@ def splat_to_mesh(
         )
     with timer.stage("mesh"):
         mesh, stats = extract_mesh(values.numpy(), fld.grid.origin, fld.grid.spacing, mesh_config)
-    return ConvertResult(mesh, len(splat), fld.num_gaussians, field_config.resolution, fld.backend, vmax, stats)
+    return ConvertResult(
+        mesh, len(splat), fld.num_gaussians, field_config.resolution, fld.backend, vmax, stats
+    )

@@ -82,7 +82,9 @@ def plot_stages(seconds: dict[str, float], path: str | Path, title: str = "where
         y = row * (i + 1) + 6
         draw.text((10, y + 4), name[:24], fill="black")
         draw.rectangle([left, y, left + int(width * v / vmax), y + row - 10], fill=palette[i % len(palette)])
-        draw.text((left + int(width * v / vmax) + 6, y + 4), f"{v:.3f} s ({100 * v / total:.0f}%)", fill="black")
+        draw.text(
+            (left + int(width * v / vmax) + 6, y + 4), f"{v:.3f} s ({100 * v / total:.0f}%)", fill="black"
+        )
     path = Path(path)
     img.save(path)
     return path

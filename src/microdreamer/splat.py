@@ -345,7 +345,7 @@ def write_ply(splat: Splat, path: str | os.PathLike) -> Path:
         s.quats.numpy(),
     ]
     table = np.concatenate([c.astype("<f4") for c in columns], axis=1)
-    header = "ply\nformat binary_little_endian 1.0\n" f"element vertex {n}\n"
+    header = f"ply\nformat binary_little_endian 1.0\nelement vertex {n}\n"
     header += "".join(f"property float {p}\n" for p in names) + "end_header\n"
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(header.encode("ascii"))

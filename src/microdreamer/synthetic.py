@@ -35,14 +35,14 @@ def make_synthetic_object(
     phi = torch.rand(n, generator=g) * 2 * math.pi
     theta = torch.acos(u)
     r = _surface_radius(theta, phi)
-    dirs = torch.stack([torch.sin(theta) * torch.cos(phi), torch.cos(theta), torch.sin(theta) * torch.sin(phi)], -1)
+    dirs = torch.stack(
+        [torch.sin(theta) * torch.cos(phi), torch.cos(theta), torch.sin(theta) * torch.sin(phi)], -1
+    )
     means = dirs * r[:, None]
     scales = scale_fraction * torch.exp(0.3 * torch.randn(n, 3, generator=g))
     quats = torch.nn.functional.normalize(torch.randn(n, 4, generator=g), dim=-1)
     opacities = 0.05 + 0.95 * torch.rand(n, generator=g)
-    colors = 0.5 + 0.4 * torch.stack(
-        [torch.sin(3 * theta), torch.cos(2 * phi), torch.sin(theta + phi)], -1
-    )
+    colors = 0.5 + 0.4 * torch.stack([torch.sin(3 * theta), torch.cos(2 * phi), torch.sin(theta + phi)], -1)
     splat = Splat.from_activated(means, scales, quats, opacities, colors.clamp(0, 1))
     return splat.to(device)
 

@@ -141,7 +141,9 @@ class PreparedGaussians:
         return self.means.shape[0]
 
     def to(self, device: str | torch.device) -> PreparedGaussians:
-        return PreparedGaussians(*(t.to(device) for t in (self.means, self.opacities, self.transforms, self.radii)))
+        return PreparedGaussians(
+            *(t.to(device) for t in (self.means, self.opacities, self.transforms, self.radii))
+        )
 
 
 def prepare_gaussians(splat: Splat, config: FieldConfig) -> tuple[PreparedGaussians, GridSpec]:

@@ -31,7 +31,9 @@ def gaussian_3d_coeff(xyzs: torch.Tensor, covs: torch.Tensor) -> torch.Tensor:
     inv_d = (a * f - c * c) * inv_det
     inv_e = (b * c - e * a) * inv_det
     inv_f = (a * d - b * b) * inv_det
-    power = -0.5 * (x * x * inv_a + y * y * inv_d + z * z * inv_f) - x * y * inv_b - x * z * inv_c - y * z * inv_e
+    power = (
+        -0.5 * (x * x * inv_a + y * y * inv_d + z * z * inv_f) - x * y * inv_b - x * z * inv_c - y * z * inv_e
+    )
     return torch.where(power > 0, torch.zeros_like(power), torch.exp(power))
 
 
@@ -42,7 +44,9 @@ def covariance6(transforms: torch.Tensor) -> torch.Tensor:
     """
     minv = torch.linalg.inv(transforms)
     cov = minv @ minv.transpose(1, 2)
-    return torch.stack([cov[:, 0, 0], cov[:, 0, 1], cov[:, 0, 2], cov[:, 1, 1], cov[:, 1, 2], cov[:, 2, 2]], -1)
+    return torch.stack(
+        [cov[:, 0, 0], cov[:, 0, 1], cov[:, 0, 2], cov[:, 1, 1], cov[:, 1, 2], cov[:, 2, 2]], -1
+    )
 
 
 def density_field_reference(prepared: PreparedGaussians, grid: GridSpec, config: FieldConfig) -> torch.Tensor:

@@ -149,7 +149,9 @@ def density_field_torch(
             sl = [slice(i * tile, min((i + 1) * tile, r)) for i in (ix, iy, iz)]
             ax = [axis64[s] for s in sl]
             centre = torch.stack([a.mean() for a in ax])
-            pts = torch.stack(torch.meshgrid(*(a - c for a, c in zip(ax, centre, strict=True)), indexing="ij"), -1)
+            pts = torch.stack(
+                torch.meshgrid(*(a - c for a, c in zip(ax, centre, strict=True)), indexing="ij"), -1
+            )
             phi = _features(pts.reshape(-1, 3))  # [V, 10]
             cols = max(1, block_bytes // (8 * phi.shape[0]))
             acc = None
