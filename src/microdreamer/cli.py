@@ -49,34 +49,48 @@ def _progress_bar(desc: str):
     return update, bar.close
 
 
+def _job_config(args: argparse.Namespace):
+    """Preset (``--config``) or defaults, then the flags the user gave."""
+    from microdreamer.config import MeshJobConfig, load_preset
+
+    cfg = load_preset(MeshJobConfig, args.config) if args.config else MeshJobConfig()
+    if args.resolution is not None:
+        if not 2 <= args.resolution <= 2048:
+            raise InputError(f"--resolution {args.resolution}: must be between 2 and 2048")
+        cfg.field.resolution = args.resolution
+    if args.mode is not None:
+        cfg.field.mode = args.mode
+    if args.threshold is not None:
+        cfg.mesh.threshold = args.threshold
+    if args.decimate is not None:
+        if args.decimate < 4:
+            raise InputError(f"--decimate {args.decimate}: must be at least 4 faces")
+        cfg.mesh.decimate_target = args.decimate
+    return cfg
+
+
 def _convert_and_save(splat, out: Path, args, name: str) -> None:
     import torch
 
-    from microdreamer.field import FieldConfig
-    from microdreamer.mesh import MeshConfig, save_mesh
+    from microdreamer.mesh import save_mesh
     from microdreamer.pipeline import resolve_device, splat_to_mesh
     from microdreamer.profiling import StageTimer
 
+    cfg = _job_config(args)
     device = resolve_device(args.device)
-    field_cfg = FieldConfig(resolution=args.resolution, mode=args.mode)
-    mesh_cfg = MeshConfig(threshold=args.threshold, decimate_target=args.decimate)
     timer = StageTimer()
     update, close = _progress_bar("density field")
     try:
-        result = splat_to_mesh(splat, field_cfg, mesh_cfg, device, timer=timer, progress=update, name=name)
+        result = splat_to_mesh(splat, cfg.field, cfg.mesh, device, timer=timer, progress=update, name=name)
     finally:
         close()
     with timer.stage("export"):
         save_mesh(result.mesh, out)
     m = result.mesh
-    print(
-        f"Gaussians: {result.num_gaussians_in} read, {result.num_gaussians_kept} kept (opacity > "
-        f"{field_cfg.min_opacity})"
-    )
-    print(
-        f"grid: {result.resolution}^3, mode {args.mode}, backend {result.backend} on {device}"
-        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
-    )
+    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    print(f"Gaussians: {result.num_gaussians_in} read, {result.num_gaussians_kept} kept "
+          f"(opacity > {cfg.field.min_opacity})")  # fmt: skip
+    print(f"grid: {result.resolution}^3, mode {cfg.field.mode}, backend {result.backend} on {device}{gpu}")
     print(f"mesh: {m.num_vertices} vertices, {m.num_faces} faces -> {out}")
     print("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in timer.seconds.items()))
 
@@ -85,10 +99,7 @@ def cmd_mesh(args: argparse.Namespace) -> None:
     from microdreamer.splat import read_ply
 
     out = _check_mesh_output(Path(args.output))
-    if args.resolution < 2 or args.resolution > 2048:
-        raise InputError(f"--resolution {args.resolution}: must be between 2 and 2048")
-    if args.decimate is not None and args.decimate < 4:
-        raise InputError(f"--decimate {args.decimate}: must be at least 4 faces")
+    _job_config(args)  # check the settings before reading anything
     t = time.perf_counter()
     splat = read_ply(args.splat)
     logging.getLogger(__name__).info("read %s in %.3f s", args.splat, time.perf_counter() - t)
@@ -113,21 +124,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def add_field_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--resolution", type=int, default=128, help="grid points per axis (default 128)")
-        sp.add_argument("--threshold", type=float, default=1.0, help="density iso-level (default 1.0)")
+        sp.add_argument("--resolution", type=int, default=None, help="grid points per axis (default 128)")
+        sp.add_argument("--threshold", type=float, default=None, help="density iso-level (default 1.0)")
         sp.add_argument(
             "--mode",
             choices=["exact", "upstream"],
-            default="exact",
-            help="exact: every Gaussian within its cutoff (bounded error); upstream: "
-            "DreamGaussian's block rule (default exact)",
+            default=None,
+            help="exact: every Gaussian within its cutoff, bounded error (default); "
+            "upstream: DreamGaussian/MicroDreamer's block rule",
         )
         sp.add_argument("--decimate", type=int, default=None, metavar="N", help="decimate to about N faces")
         sp.add_argument(
             "--device",
             default="auto",
             choices=["auto", "cpu", "cuda"],
-            help="where to compute the field (default auto: cuda if present)",
+            help="where to compute the field (default auto)",
+        )
+        sp.add_argument(
+            "--config", default=None, metavar="YAML", help="a preset (field/mesh settings); flags override it"
         )
 
     sp = sub.add_parser("mesh", help="convert a 3DGS .ply splat into a mesh (.glb, .obj or .ply)")
