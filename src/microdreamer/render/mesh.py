@@ -178,7 +178,7 @@ def rasterize(
     faces: torch.Tensor,
     cameras: Cameras,
     cull_backfaces: bool = False,
-    max_candidates: int = 1 << 20,
+    max_candidates: int = 1 << 22,
 ) -> Fragments:
     """Rasterise a triangle mesh into C views (see the module docstring for the exact semantics).
 
@@ -188,8 +188,8 @@ def rasterize(
         faces: [F, 3] int64 vertex indices.
         cameras: C cameras of H x W pixels.
         cull_backfaces: skip faces seen from behind.
-        max_candidates: the most pixel tests computed at once (bounds the temporary memory: about
-            60 bytes per candidate).
+        max_candidates: the most pixel tests computed at once; bounds the temporary memory to about
+            1 byte per candidate plus about 60 bytes per candidate that the face covers.
 
     Returns:
         :class:`Fragments` with face_id [C, H, W], bary [C, H, W, 3], depth [C, H, W, 1], alpha
@@ -513,7 +513,7 @@ def render_mesh(
     smooth_normals: bool = True,
     default_color: Sequence[float] = (0.7, 0.7, 0.7),
     camera_batch: int | None = None,
-    max_candidates: int = 1 << 20,
+    max_candidates: int = 1 << 22,
 ) -> MeshRender:
     """Render a mesh's unlit colour, coverage, depth and normals from C cameras.
 
@@ -564,10 +564,11 @@ def render_mesh(
             normal = interpolate(normals_v, frags, faces)
         else:
             normal = normals_f[frags.face_id.clamp_min(0)] * frags.alpha
-        stacked = torch.cat([color, frags.alpha, frags.depth, normal], dim=-1)  # premultiplied by coverage
-        c = stacked.shape[0]
-        pooled = stacked.view(c, H, ssaa, W, ssaa, -1).mean(dim=(2, 4))
-        outs.append(pooled)
+        # channels-first [c, 8, sH, sW], all premultiplied by coverage, averaged over s x s blocks
+        parts = (color, frags.alpha, frags.depth, normal)
+        stacked = torch.cat([x.permute(0, 3, 1, 2) for x in parts], dim=1)
+        pooled = torch.nn.functional.avg_pool2d(stacked, ssaa) if ssaa > 1 else stacked
+        outs.append(pooled.permute(0, 2, 3, 1))
     if not outs:
         pooled = torch.zeros(0, H, W, 8, device=dev)
     else:
