@@ -198,3 +198,26 @@ def test_console_script_exit_code(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'nope.ply'}: file not found; give the path of a 3DGS .ply splat"
     ]
+
+
+def test_render_views_command(tmp_path, capsys):
+    import json
+
+    mesh = trimesh.creation.icosphere(subdivisions=2, radius=0.4)
+    mesh.visual.vertex_colors = np.tile([200, 30, 30, 255], (len(mesh.vertices), 1))
+    mesh.export(tmp_path / "ball.ply")
+    out = tmp_path / "views"
+    assert (
+        run_cli("render-views", tmp_path / "ball.ply", "-o", out, "--views", 5, "--held-out", 2, "--size", 32)
+        == 0
+    )
+    frames = json.loads((out / "transforms.json").read_text())["frames"]
+    assert len(frames) == 7 and sum(bool(f.get("held_out")) for f in frames) == 2
+    assert "transforms.json" in capsys.readouterr().out
+
+
+def test_render_views_bad_mesh(tmp_path, capsys):
+    rc = run_cli("render-views", tmp_path / "none.obj", "-o", tmp_path / "v")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "none.obj" in err[0]
+    assert not (tmp_path / "v").exists()

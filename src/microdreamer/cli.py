@@ -118,6 +118,24 @@ def cmd_demo(args: argparse.Namespace) -> None:
     _convert_and_save(splat, out_dir / "mesh.glb", args, name="demo splat")
 
 
+def cmd_render_views(args: argparse.Namespace) -> None:
+    from microdreamer.data import render_views
+    from microdreamer.pipeline import resolve_device
+
+    if args.views < 1 or args.held_out < 0:
+        raise InputError(
+            f"--views {args.views} / --held-out {args.held_out}: need at least 1 view and 0 held out"
+        )
+    if not 16 <= args.size <= 4096:
+        raise InputError(f"--size {args.size}: must be between 16 and 4096 pixels")
+    device = resolve_device(args.device)
+    t = time.perf_counter()
+    out = render_views(args.mesh, args.output, views=args.views, size=args.size, seed=args.seed,
+                       texture=args.texture, held_out=args.held_out, device=device)  # fmt: skip
+    print(f"rendered {args.views} training + {args.held_out} held-out views at {args.size}^2 "
+          f"in {time.perf_counter() - t:.2f} s -> {out / 'transforms.json'}")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="microdreamer", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -156,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     add_field_args(sp)
     sp.set_defaults(func=cmd_demo)
+
+    sp = sub.add_parser("render-views", help="render a transforms.json dataset of orbit views of a mesh")
+    sp.add_argument("mesh", help="input mesh: OBJ (with MTL, or --texture), GLB or PLY")
+    sp.add_argument("-o", "--output", required=True, help="output dataset folder")
+    sp.add_argument(
+        "--views", type=int, default=32, help="training views, azimuths spread evenly (default 32)"
+    )
+    sp.add_argument("--held-out", type=int, default=4, help="extra held-out views (default 4)")
+    sp.add_argument("--size", type=int, default=256, help="image size in pixels (default 256)")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the random elevations in [-30, 30]")
+    sp.add_argument("--texture", default=None, help="texture image for an OBJ without an MTL")
+    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    sp.set_defaults(func=cmd_render_views)
     return p
 
 
