@@ -1,0 +1,174 @@
+"""The partial diffusion round trip of SIR: add noise to t1, DDIM-invert t1 -> t2, DDIM-denoise t2 -> 0.
+
+The update rules are diffusers' own (:class:`diffusers.DDIMScheduler` for denoising,
+:class:`diffusers.DDIMInverseScheduler` for inversion, ``add_noise`` for the forward jump); this module
+only chooses the timesteps and runs the loops. What is ours:
+
+* the timestep grid is the denoising scheduler's (``leading`` spacing with ``steps_offset`` = 1 and 20
+  steps: 951, 901, ..., 1); a continuous t (as a fraction of T) is mapped to the largest grid
+  timestep not above it;
+* inversion from grid timestep ``a`` to the next one up ``b = a + T / steps`` evaluates the network
+  at ``(x_a, a)`` (the noise level the latents actually have) and applies diffusers' inverse step,
+  the exact algebraic inverse of the denoising step ``b -> a`` given the same noise prediction;
+* the variance noise of eta > 0 steps is drawn from our generator and handed to diffusers
+  (``variance_noise``), so one seed gives one result on any device.
+
+Latents are float32 here whatever the network's precision; the noise predictor casts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+#: ``eps_fn(latents [B, 4, h, w] float32, t: int) -> eps [B, 4, h, w]`` (any float dtype).
+NoisePredictor = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+@dataclass
+class DDIMConfig:
+    """The DDIM schedule (MicroDreamer's and Zero123's: Stable Diffusion's scaled-linear betas).
+
+    Attributes:
+        num_train_timesteps: T.
+        num_inference_steps: DDIM steps over [0, T) (the grid).
+        beta_start, beta_end, beta_schedule: the noise schedule.
+        timestep_spacing: how the grid is laid out ("leading": 0, T/steps, ...; plus ``steps_offset``).
+        steps_offset: added to every grid timestep.
+        clip_sample: clip the predicted clean latents to [-1, 1] (off: latents are not in [-1, 1]).
+        set_alpha_to_one: alpha of the step past the last one (False: alphas_cumprod[0], SD's choice).
+    """
+
+    num_train_timesteps: int = 1000
+    num_inference_steps: int = 20
+    beta_start: float = 0.00085
+    beta_end: float = 0.012
+    beta_schedule: str = "scaled_linear"
+    timestep_spacing: str = "leading"
+    steps_offset: int = 1
+    clip_sample: bool = False
+    set_alpha_to_one: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
+            raise ValueError(
+                f"num_inference_steps must be in 1..{self.num_train_timesteps}, got {self.num_inference_steps}"
+            )
+        if self.timestep_spacing not in ("leading", "trailing"):
+            raise ValueError(
+                f"timestep_spacing must be 'leading' or 'trailing', got {self.timestep_spacing!r}"
+            )
+
+    def scheduler_kwargs(self) -> dict:
+        return {
+            "num_train_timesteps": self.num_train_timesteps,
+            "beta_start": self.beta_start,
+            "beta_end": self.beta_end,
+            "beta_schedule": self.beta_schedule,
+            "timestep_spacing": self.timestep_spacing,
+            "steps_offset": self.steps_offset,
+            "clip_sample": self.clip_sample,
+            "set_alpha_to_one": self.set_alpha_to_one,
+            "prediction_type": "epsilon",
+        }
+
+
+class DDIMRoundTrip:
+    """Forward noising, DDIM inversion and DDIM denoising on one timestep grid (diffusers' schedulers)."""
+
+    def __init__(self, config: DDIMConfig | None = None) -> None:
+        from diffusers import DDIMInverseScheduler, DDIMScheduler
+
+        self.config = config or DDIMConfig()
+        kw = self.config.scheduler_kwargs()
+        self.scheduler = DDIMScheduler(**kw)
+        self.scheduler.set_timesteps(self.config.num_inference_steps)
+        self.inverse = DDIMInverseScheduler(**kw)
+        self.inverse.set_timesteps(self.config.num_inference_steps)
+        #: descending grid timesteps, e.g. [951, 901, ..., 1]
+        self.timesteps: list[int] = [int(t) for t in self.scheduler.timesteps]
+        self.step_size = self.config.num_train_timesteps // self.config.num_inference_steps
+        up = [int(t) for t in self.inverse.timesteps]
+        if up != sorted(self.timesteps):
+            raise ValueError(f"inverse grid {up} differs from the denoising grid {self.timesteps}")
+        if any(b - a != self.step_size for a, b in zip(up[:-1], up[1:], strict=True)):
+            raise ValueError(f"DDIM inversion needs an evenly spaced grid; got {up}")
+
+    @property
+    def T(self) -> int:
+        return self.config.num_train_timesteps
+
+    def grid_at_or_below(self, t: float) -> int | None:
+        """The largest grid timestep <= t (t in timestep units), or None when t is below the grid."""
+        below = [g for g in self.timesteps if g <= t]
+        return max(below) if below else None
+
+    def add_noise(
+        self, latents: torch.Tensor, t: int, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) noise, the noise drawn from ``generator``."""
+        noise = torch.randn(latents.shape, generator=generator, device=latents.device, dtype=torch.float32)
+        t_tensor = torch.tensor([t], dtype=torch.long)
+        return self.scheduler.add_noise(latents.float(), noise, t_tensor)
+
+    def invert(self, latents: torch.Tensor, t_from: int, t_to: int, eps_fn: NoisePredictor) -> torch.Tensor:
+        """DDIM inversion (eta 0) from grid timestep ``t_from`` up to grid timestep ``t_to`` >= t_from.
+
+        Each step a -> a + step_size predicts the noise at ``(x_a, a)``.
+
+        Returns:
+            [B, 4, h, w] float32 latents at ``t_to``.
+        """
+        if t_from not in self.timesteps or t_to not in self.timesteps or t_to < t_from:
+            raise ValueError(f"invert needs grid timesteps t_from <= t_to, got {t_from} -> {t_to}")
+        x = latents.float()
+        t = t_from
+        while t < t_to:
+            eps = eps_fn(x, t).float()
+            x = self.inverse.step(eps, t + self.step_size, x).prev_sample
+            t += self.step_size
+        return x
+
+    def denoise(
+        self,
+        latents: torch.Tensor,
+        t_from: int,
+        eps_fn: NoisePredictor,
+        eta: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """DDIM sampling from grid timestep ``t_from`` down through every grid timestep to the end.
+
+        Returns:
+            [B, 4, h, w] float32 clean latents.
+        """
+        if t_from not in self.timesteps:
+            raise ValueError(f"denoise needs a grid timestep, got {t_from}; grid {self.timesteps}")
+        x = latents.float()
+        for t in self.timesteps:
+            if t > t_from:
+                continue
+            eps = eps_fn(x, t).float()
+            noise = None
+            if eta > 0:
+                noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+            x = self.scheduler.step(eps, t, x, eta=eta, variance_noise=noise).prev_sample
+        return x
+
+    def plan(self, t_stop: float, inversion_ratio: float) -> tuple[int | None, int | None]:
+        """Grid timesteps (t1, t2) of one refinement for ``t_stop`` = t2 / T.
+
+        ``t2`` is the largest grid timestep <= t_stop * T (None: t_stop is below the grid, nothing to
+        do); ``t1`` the largest grid timestep <= inversion_ratio * t2 * T ... clamped into [first grid
+        timestep, t2]. For t_stop >= 1 the plan is (None, top of the grid): start from pure noise.
+        """
+        if t_stop >= 1.0:
+            return None, self.timesteps[0]
+        t2 = self.grid_at_or_below(t_stop * self.T)
+        if t2 is None:
+            return None, None
+        t1 = self.grid_at_or_below(inversion_ratio * t_stop * self.T)
+        t1 = min(t1 if t1 is not None else self.timesteps[-1], t2)
+        return t1, t2

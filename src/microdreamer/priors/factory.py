@@ -1,0 +1,183 @@
+"""Zero123 models with random weights: the real architecture (full size) or a tiny one (tests).
+
+``full`` is Stable-Zero123's: the Stable Diffusion 1.x UNet layout (320/640/1280/1280 channels, two
+layers per block, 8-channel heads, cross-attention 768) with 8 input channels, the SD VAE
+(128/256/512/512, 4 latent channels, scaling 0.18215), and CLIP ViT-L/14's vision tower (24 layers,
+width 1024, patch 14 at 224^2, projection 768) with OpenAI's image preprocessing. Its outputs are
+noise: it exists to time the pipeline and exercise the real loader, never to make assets.
+
+Both save in the diffusers layout that :func:`microdreamer.priors.zero123.load_components` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from microdreamer.priors.ddim import DDIMConfig
+from microdreamer.priors.zero123 import Zero123Components, _use_sdpa, save_camera_projection
+
+logger = logging.getLogger(__name__)
+
+SIZES = ("tiny", "full")
+
+
+def architecture(size: str) -> dict:
+    """Constructor arguments of each component for ``size`` ("tiny" or "full")."""
+    if size == "full":
+        return {
+            "unet": {
+                "sample_size": 32,
+                "in_channels": 8,
+                "out_channels": 4,
+                "down_block_types": ["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
+                "up_block_types": ["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3,
+                "block_out_channels": [320, 640, 1280, 1280],
+                "layers_per_block": 2,
+                "attention_head_dim": 8,
+                "cross_attention_dim": 768,
+                "norm_num_groups": 32,
+            },
+            "vae": {
+                "in_channels": 3,
+                "out_channels": 3,
+                "down_block_types": ["DownEncoderBlock2D"] * 4,
+                "up_block_types": ["UpDecoderBlock2D"] * 4,
+                "block_out_channels": [128, 256, 512, 512],
+                "layers_per_block": 2,
+                "latent_channels": 4,
+                "norm_num_groups": 32,
+                "sample_size": 256,
+                "scaling_factor": 0.18215,
+            },
+            "clip": {
+                "hidden_size": 1024,
+                "intermediate_size": 4096,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 16,
+                "image_size": 224,
+                "patch_size": 14,
+                "projection_dim": 768,
+                "hidden_act": "quick_gelu",
+            },
+            "processor": {"size": {"shortest_edge": 224}, "crop_size": {"height": 224, "width": 224}},
+            "context_dim": 768,
+        }
+    if size == "tiny":
+        return {
+            "unet": {
+                "sample_size": 8,
+                "in_channels": 8,
+                "out_channels": 4,
+                "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+                "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"],
+                "block_out_channels": [16, 32],
+                "layers_per_block": 1,
+                "attention_head_dim": 8,
+                "cross_attention_dim": 32,
+                "norm_num_groups": 8,
+            },
+            "vae": {  # four blocks: the real 8x downsampling, with few channels
+                "in_channels": 3,
+                "out_channels": 3,
+                "down_block_types": ["DownEncoderBlock2D"] * 4,
+                "up_block_types": ["UpDecoderBlock2D"] * 4,
+                "block_out_channels": [8, 8, 16, 16],
+                "layers_per_block": 1,
+                "latent_channels": 4,
+                "norm_num_groups": 4,
+                "sample_size": 64,
+                "scaling_factor": 0.18215,
+            },
+            "clip": {
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "image_size": 32,
+                "patch_size": 8,
+                "projection_dim": 32,
+                "hidden_act": "quick_gelu",
+            },
+            "processor": {"size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}},
+            "context_dim": 32,
+        }
+    raise ValueError(f"unknown model size {size!r}; use one of {', '.join(SIZES)}")
+
+
+def build_random_zero123(
+    size: str = "tiny",
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    camera_embedding: str = "stable-zero123",
+) -> Zero123Components:
+    """A Zero123 model of the given architecture with random weights (PyTorch's default initialisation,
+    seeded), built directly on ``device`` and cast to ``dtype``."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    arch = architecture(size)
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+        torch.manual_seed(seed)
+        unet = UNet2DConditionModel(**arch["unet"])
+        vae = AutoencoderKL(**arch["vae"])
+        clip_cfg = CLIPVisionConfig(**arch["clip"])
+        clip_cfg._attn_implementation = "sdpa"
+        image_encoder = CLIPVisionModelWithProjection(clip_cfg)
+        d = arch["context_dim"]
+        projection = torch.nn.Linear(d + 4, d)
+    processor = CLIPImageProcessor(**arch["processor"])
+    comps = Zero123Components(unet, vae, image_encoder, processor, projection, camera_embedding)
+    comps.to(device, dtype)
+    for m in comps.modules():
+        m.eval().requires_grad_(False)
+    _use_sdpa(comps)
+    return comps
+
+
+def save_zero123(
+    components: Zero123Components, folder: str | os.PathLike, ddim: DDIMConfig | None = None
+) -> Path:
+    """Write a model in the diffusers layout (weights as safetensors) to ``folder``, which must not
+    exist or be empty. Written under a temporary name and renamed, so a failure leaves nothing."""
+    from diffusers import DDIMScheduler
+
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()):
+        raise FileExistsError(f"{folder} exists and is not empty")
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        components.unet.save_pretrained(tmp / "unet")
+        components.vae.save_pretrained(tmp / "vae")
+        components.image_encoder.save_pretrained(tmp / "image_encoder")
+        components.feature_extractor.save_pretrained(tmp / "feature_extractor")
+        save_camera_projection(components.camera_projection, tmp / "clip_camera_projection")
+        DDIMScheduler(**(ddim or DDIMConfig()).scheduler_kwargs()).save_pretrained(tmp / "scheduler")
+        index = {
+            "_class_name": "Zero123Pipeline",
+            "unet": ["diffusers", "UNet2DConditionModel"],
+            "vae": ["diffusers", "AutoencoderKL"],
+            "image_encoder": ["transformers", "CLIPVisionModelWithProjection"],
+            "feature_extractor": ["transformers", "CLIPImageProcessor"],
+            "clip_camera_projection": ["microdreamer", "CLIPCameraProjection"],
+            "scheduler": ["diffusers", "DDIMScheduler"],
+            "microdreamer_camera_embedding": components.camera_embedding,
+        }
+        (tmp / "model_index.json").write_text(json.dumps(index, indent=2))
+        if folder.exists():
+            folder.rmdir()
+        os.replace(tmp, folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return folder

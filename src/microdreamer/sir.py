@@ -1,0 +1,285 @@
+"""Score-based iterative reconstruction (MicroDreamer's SIR) with its image-to-3D defaults.
+
+Each of K outer iterations:
+
+1. draws C novel views (azimuths evenly spaced from a random start, elevations uniform in a range
+   around the input's, radius 2) and renders the current splat there on white;
+2. asks the prior to refine the renders into targets (:meth:`Prior.refine`) with t2 / T = 1 (pure
+   noise) at the first iteration, then annealed linearly from ``t_start`` to ``t_end``;
+3. takes ``recon_steps`` plain Gaussian-splatting steps (:class:`~microdreamer.train.GaussianTrainer`,
+   Adam, densify and prune as configured) on the loss
+
+       L = lambda_views * sum_c L1_sum(render_c, target_c) / C
+         + lambda_ref_rgb * L1_sum(render_ref, input) + lambda_ref_mask * MSE_sum(alpha_ref, mask)
+
+   with the reference view rendered in the same batch as the novel views.
+
+Then a last prune drops Gaussians below ``final_min_opacity`` and large "over-white" Gaussians that
+visibly add opacity (floaters that the white background hides in colour but that would become
+geometry).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from microdreamer.cameras import Cameras
+from microdreamer.priors.base import OrbitViews, Prior, Reference, even_orbit_views
+from microdreamer.profiling import StageTimer
+from microdreamer.splat import SH_C0, Splat
+from microdreamer.train import GaussianTrainer, TrainConfig, random_ball_splat
+
+logger = logging.getLogger(__name__)
+
+WHITE = (1.0, 1.0, 1.0)
+
+
+@dataclass
+class SIRConfig:
+    """SIR settings; the defaults are MicroDreamer's for image-to-3D with Stable-Zero123.
+
+    Attributes:
+        iterations: K outer iterations (the first starts from pure noise).
+        views: C novel views per iteration.
+        t_start, t_end: t2 / T of the second and of the last iteration; linear in between.
+        init_steps: reconstruction steps of the first iteration.
+        recon_steps: reconstruction steps of every later iteration.
+        elevation_range: (a, b) degrees of the novel views' elevations (see
+            :func:`~microdreamer.priors.base.even_orbit_views`).
+        radius: orbit radius of every camera.
+        fovy_deg: vertical field of view of every camera.
+        image_size: render and target side in pixels.
+        lambda_views: weight of the novel views' L1 (summed over pixels and channels, averaged over views).
+        lambda_ref_rgb: weight of the reference view's L1 (summed).
+        lambda_ref_mask: weight of the reference view's alpha squared error (summed).
+        final_min_opacity: the last prune drops Gaussians less opaque than this.
+        white_prune: also drop large over-white Gaussians that add visible opacity.
+        white_color: "over-white": every channel of ``0.5 + C0 * sh_dc`` (before clamping) above this.
+        white_min_scale: "large": the largest scale above this (world units).
+        white_alpha_drop: such a Gaussian goes when removing all of them lowers the alpha at its
+            projected centre by more than this in one of six check views.
+        white_check_size: side of the check views' renders.
+        train: the Gaussian optimisation (initialisation, Adam, schedule, densification).
+        seed: seeds the views, the diffusion noise and the initialisation.
+    """
+
+    iterations: int = 20
+    views: int = 6
+    t_start: float = 0.9
+    t_end: float = 0.2
+    init_steps: int = 15
+    recon_steps: int = 15
+    elevation_range: tuple[float, float] = (-30.0, 30.0)
+    radius: float = 2.0
+    fovy_deg: float = 49.1
+    image_size: int = 256
+    lambda_views: float = 1.0
+    lambda_ref_rgb: float = 0.3
+    lambda_ref_mask: float = 0.01
+    final_min_opacity: float = 0.01
+    white_prune: bool = True
+    white_color: float = 1.0
+    white_min_scale: float = 0.01
+    white_alpha_drop: float = 0.1
+    white_check_size: int = 256
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if self.views < 1:
+            raise ValueError(f"views must be >= 1, got {self.views}")
+        if not (0.0 < self.t_end <= 1.0 and 0.0 < self.t_start <= 1.0):
+            raise ValueError(f"t_start and t_end must be in (0, 1], got {self.t_start}, {self.t_end}")
+        if self.init_steps < 0 or self.recon_steps < 0:
+            raise ValueError("init_steps and recon_steps must be >= 0")
+        self.elevation_range = tuple(float(x) for x in self.elevation_range)
+
+
+def t_stop_schedule(iteration: int, config: SIRConfig) -> float:
+    """t2 / T of outer iteration ``iteration`` (0-based): 1 at the first, then linear from
+    ``t_start`` (second) to ``t_end`` (last)."""
+    if iteration == 0:
+        return 1.0
+    K = config.iterations
+    if K <= 2:
+        return config.t_start
+    return config.t_start + (config.t_end - config.t_start) * (iteration - 1) / (K - 2)
+
+
+@dataclass
+class SIRResult:
+    """What :func:`run_sir` returns.
+
+    Attributes:
+        splat: the final splat (detached, on the run's device).
+        seconds: wall-clock seconds per stage ("render", "diffusion", "reconstruction", "prune").
+        history: per outer iteration: {"t_stop", "loss"} (loss of its last step).
+        prior_stats: the prior's counters (e.g. UNet calls).
+        pruned: {"low_opacity", "white"} Gaussians removed by the last prune.
+    """
+
+    splat: Splat
+    seconds: dict
+    history: list
+    prior_stats: dict
+    pruned: dict
+
+
+def _project(means: torch.Tensor, cams: Cameras) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixel coordinates [C, N, 2] of points [N, 3] and a [C, N] mask of those in front and in frame."""
+    R, t = cams.viewmats[:, :3, :3], cams.viewmats[:, :3, 3]
+    p = torch.einsum("cij,nj->cni", R, means) + t[:, None, :]
+    z = p[..., 2]
+    zs = z.clamp_min(1e-6)
+    u = cams.Ks[:, None, 0, 0] * p[..., 0] / zs + cams.Ks[:, None, 0, 2]
+    v = cams.Ks[:, None, 1, 1] * p[..., 1] / zs + cams.Ks[:, None, 1, 2]
+    ok = (z > cams.near) & (u >= 0) & (u < cams.width) & (v >= 0) & (v < cams.height)
+    return torch.stack([u, v], -1), ok
+
+
+def prune_white_floaters(splat: Splat, config: SIRConfig, backend: str = "auto") -> tuple[Splat, int]:
+    """Drop large over-white Gaussians whose removal visibly lowers the alpha where they project.
+
+    Candidates: every channel of ``0.5 + C0 * sh_dc`` > ``white_color`` and largest scale >
+    ``white_min_scale``. Six check views (elevation 0 at azimuths 0, 180, 90, -90; elevation 20 at
+    180 and 90) are rendered with and without all candidates; a candidate goes when the alpha at its
+    projected centre drops by more than ``white_alpha_drop`` in at least one view where it is in frame.
+
+    Returns:
+        (the kept splat, how many were removed).
+    """
+    from microdreamer.render import render
+
+    with torch.no_grad():
+        raw = 0.5 + SH_C0 * splat.sh_dc
+        cand = (raw > config.white_color).all(-1) & (splat.scales().amax(-1) > config.white_min_scale)
+        if not bool(cand.any()):
+            return splat, 0
+        views = OrbitViews(
+            [0.0, 0.0, 0.0, 20.0, 20.0, 0.0], [0.0, 180.0, 90.0, 180.0, 90.0, -90.0], config.radius
+        )
+        S = config.white_check_size
+        cams = views.cameras(config.fovy_deg, S, S).to(splat.device)
+        before = render(splat, cams, background=WHITE, backend=backend).alpha[..., 0]  # [6, S, S]
+        after = render(splat.subset(~cand), cams, background=WHITE, backend=backend).alpha[..., 0]
+        drop = (before - after) > config.white_alpha_drop
+        idx = cand.nonzero().squeeze(1)
+        uv, ok = _project(splat.means[idx], cams)  # [6, M, 2], [6, M]
+        px = uv[..., 0].long().clamp(0, S - 1)
+        py = uv[..., 1].long().clamp(0, S - 1)
+        hit = drop[torch.arange(len(cams), device=drop.device)[:, None], py, px] & ok
+        remove = torch.zeros_like(cand)
+        remove[idx[hit.any(0)]] = True
+        n = int(remove.sum())
+        return (splat.subset(~remove) if n else splat), n
+
+
+def run_sir(
+    prior: Prior,
+    reference: Reference,
+    config: SIRConfig | None = None,
+    device: str | torch.device = "cpu",
+    progress: Callable[[float], None] | None = None,
+    timer: StageTimer | None = None,
+    initial: Splat | None = None,
+) -> SIRResult:
+    """Generate a splat from one view with score-based iterative reconstruction.
+
+    Args:
+        prior: the multi-view prior (its :meth:`~Prior.set_reference` is called here).
+        reference: the input view ([3, S, S] on white and its mask, S = ``config.image_size``; other
+            sizes are resized) and its camera.
+        config: :class:`SIRConfig`.
+        device: where to optimise (the prior runs where it was built).
+        progress: called with the fraction done after every outer iteration.
+        timer: a :class:`StageTimer` to add the stages to (a new one by default).
+        initial: the starting splat; default: MicroDreamer's random ball (``config.train``).
+
+    Returns:
+        :class:`SIRResult`.
+    """
+    config = config or SIRConfig()
+    device = torch.device(device)
+    timer = timer or StageTimer()
+    S = config.image_size
+    ref = _resized_reference(reference, S)
+    with timer.stage("embed"):
+        prior.set_reference(ref)
+    tc = config.train
+    if initial is None:
+        initial = random_ball_splat(
+            tc.num_pts, tc.init_radius, tc.sh_degree, tc.init_opacity, config.seed, device
+        )
+    trainer = GaussianTrainer(initial.to(device), tc)
+    view_gen = torch.Generator().manual_seed(config.seed)
+    noise_gen = torch.Generator(device=getattr(prior, "device", device)).manual_seed(config.seed + 1)
+
+    C = config.views
+    ref_target = ref.straight_rgba().to(device)[None]  # [1, S, S, 4]
+    rgb_w = torch.tensor([config.lambda_views / C] * C + [config.lambda_ref_rgb], device=device)
+    alpha_w = torch.tensor([0.0] * C + [config.lambda_ref_mask], device=device)
+    history = []
+    for k in range(config.iterations):
+        t_stop = t_stop_schedule(k, config)
+        views = even_orbit_views(C, ref.elevation_deg, config.elevation_range, config.radius, view_gen)
+        views = OrbitViews(views.elevation_deg, views.azimuth_deg + ref.azimuth_deg, views.radius)
+        cams = OrbitViews.cat([views, ref.views]).cameras(config.fovy_deg, S, S).to(device)
+        images = None
+        if k > 0:
+            with timer.stage("render"), torch.no_grad():
+                from microdreamer.render import render
+
+                out = render(trainer.splat.detach(), cams[:C], background=WHITE, backend=trainer.backend)
+                images = out.rgb.permute(0, 3, 1, 2).contiguous()
+        with timer.stage("diffusion"):
+            targets = prior.refine(images, views, t_stop, noise_gen).to(device).float()  # [C, 3, S, S]
+        if tuple(targets.shape) != (C, 3, S, S):
+            raise RuntimeError(f"the prior returned targets {tuple(targets.shape)}, expected {(C, 3, S, S)}")
+        tgt = torch.cat([targets.permute(0, 2, 3, 1), torch.ones(C, S, S, 1, device=device)], -1)
+        tgt = torch.cat([tgt, ref_target])  # [C + 1, S, S, 4]
+        steps = config.init_steps if k == 0 else config.recon_steps
+        losses = None
+        with timer.stage("reconstruction"):
+            for _ in range(steps):
+                losses = trainer.step(tgt, cams, background=WHITE, rgb_weights=rgb_w, alpha_weights=alpha_w)
+        history.append({"t_stop": t_stop, "loss": None if losses is None else losses["loss"]})
+        if progress is not None:
+            progress((k + 1) / config.iterations)
+
+    with timer.stage("prune"):
+        splat = trainer.splat.detach()
+        keep = splat.opacities() >= config.final_min_opacity
+        n_low = int((~keep).sum())
+        splat = splat.subset(keep)
+        n_white = 0
+        if config.white_prune and len(splat):
+            splat, n_white = prune_white_floaters(splat, config, trainer.backend)
+    for h in history:
+        h["loss"] = None if h["loss"] is None else float(h["loss"])
+    logger.info("SIR: %d Gaussians (pruned %d transparent, %d white floaters)", len(splat), n_low, n_white)
+    return SIRResult(
+        splat=splat,
+        seconds=dict(timer.seconds),
+        history=history,
+        prior_stats=prior.stats(),
+        pruned={"low_opacity": n_low, "white": n_white},
+    )
+
+
+def _resized_reference(reference: Reference, size: int) -> Reference:
+    if reference.rgb.shape[-2:] == (size, size):
+        return reference
+
+    def rs(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(
+            x[None].float(), (size, size), mode="bilinear", antialias=True
+        )[0]
+
+    return Reference(rs(reference.rgb).clamp(0, 1), rs(reference.mask).clamp(0, 1), reference.elevation_deg,
+                     reference.azimuth_deg, reference.radius)  # fmt: skip
