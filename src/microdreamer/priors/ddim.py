@@ -138,18 +138,31 @@ class DDIMRoundTrip:
         eps_fn: NoisePredictor,
         eta: float = 0.0,
         generator: torch.Generator | None = None,
+        t_to: int | None = None,
     ) -> torch.Tensor:
-        """DDIM sampling from grid timestep ``t_from`` down through every grid timestep to the end.
+        """DDIM sampling from grid timestep ``t_from`` down through the grid.
+
+        Args:
+            latents: [B, 4, h, w] latents at ``t_from``.
+            t_from: grid timestep to start at.
+            eps_fn: the noise predictor (called at each grid timestep visited).
+            eta: DDIM's stochasticity (0: deterministic).
+            generator: draws the variance noise when eta > 0.
+            t_to: stop once the latents are at this grid timestep; None: go to the end (clean latents).
 
         Returns:
-            [B, 4, h, w] float32 clean latents.
+            [B, 4, h, w] float32 latents at ``t_to`` (or clean).
         """
         if t_from not in self.timesteps:
             raise ValueError(f"denoise needs a grid timestep, got {t_from}; grid {self.timesteps}")
+        if t_to is not None and (t_to not in self.timesteps or t_to > t_from):
+            raise ValueError(f"denoise needs a grid timestep t_to <= t_from, got {t_from} -> {t_to}")
         x = latents.float()
         for t in self.timesteps:
             if t > t_from:
                 continue
+            if t_to is not None and t <= t_to:
+                break
             eps = eps_fn(x, t).float()
             noise = None
             if eta > 0:
@@ -161,7 +174,7 @@ class DDIMRoundTrip:
         """Grid timesteps (t1, t2) of one refinement for ``t_stop`` = t2 / T.
 
         ``t2`` is the largest grid timestep <= t_stop * T (None: t_stop is below the grid, nothing to
-        do); ``t1`` the largest grid timestep <= inversion_ratio * t2 * T ... clamped into [first grid
+        do); ``t1`` the largest grid timestep <= inversion_ratio * t_stop * T, clamped into [lowest grid
         timestep, t2]. For t_stop >= 1 the plan is (None, top of the grid): start from pure noise.
         """
         if t_stop >= 1.0:

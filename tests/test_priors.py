@@ -1,0 +1,259 @@
+"""The Zero123 prior: model save/load through the real loader, missing models, camera embeddings, the
+DDIM round trip, and refine() on a tiny random model (CPU)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "diffusers", reason="the Zero123 prior needs diffusers (pip install microdreamer[generate])"
+)
+pytest.importorskip("transformers", reason="the Zero123 prior needs transformers")
+
+from microdreamer.errors import InputError  # noqa: E402
+from microdreamer.priors import OrbitViews, Reference  # noqa: E402
+from microdreamer.priors.ddim import DDIMConfig, DDIMRoundTrip  # noqa: E402
+from microdreamer.priors.factory import build_random_zero123, save_zero123  # noqa: E402
+from microdreamer.priors.zero123 import (  # noqa: E402
+    Zero123Config,
+    Zero123Prior,
+    camera_embedding,
+    load_components,
+    resolve_model_path,
+)
+
+SIZE = 64  # tiny model: 64^2 images, 8^2 latents
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A tiny random Zero123 saved in the diffusers layout."""
+    folder = tmp_path_factory.mktemp("zero123") / "tiny"
+    save_zero123(build_random_zero123("tiny", seed=3), folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_prior(tiny_folder):
+    prior = Zero123Prior.from_pretrained(Zero123Config(model=str(tiny_folder), image_size=SIZE))
+    g = torch.Generator().manual_seed(0)
+    rgb = torch.rand(3, SIZE, SIZE, generator=g)
+    prior.set_reference(Reference(rgb, torch.ones(1, SIZE, SIZE), elevation_deg=-10.0))
+    return prior
+
+
+def _views(c: int = 2) -> OrbitViews:
+    return OrbitViews(torch.linspace(-20, 20, c), torch.linspace(30, 300, c), 2.0)
+
+
+# --------------------------------------------------------------------------------------- save / load
+def test_tiny_model_saved_and_loaded_through_the_real_loader(tiny_folder):
+    built = build_random_zero123("tiny", seed=3)
+    loaded = load_components(resolve_model_path(tiny_folder))
+    for a, b in zip(built.modules(), loaded.modules(), strict=True):
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), k  # safetensors round trip is bit-exact
+    assert loaded.camera_embedding == "stable-zero123"
+    assert loaded.camera_projection.in_features == loaded.camera_projection.out_features + 4
+    assert loaded.unet.config.in_channels == 8
+    # same inputs, same outputs (the networks are the same functions)
+    g = torch.Generator().manual_seed(1)
+    x, ctx = torch.randn(2, 8, 8, 8, generator=g), torch.randn(2, 1, 32, generator=g)
+    t = torch.tensor([500.0, 500.0])
+    with torch.no_grad():
+        assert torch.equal(
+            built.unet(x, t, encoder_hidden_states=ctx).sample,
+            loaded.unet(x, t, encoder_hidden_states=ctx).sample,
+        )
+    # the processor's settings survive
+    assert loaded.feature_extractor.crop_size == {"height": 32, "width": 32}
+
+
+def test_repo_id_is_found_in_a_local_hf_cache_without_network(tiny_folder, tmp_path, monkeypatch):
+    """Lay the folder out as a Hugging Face cache snapshot and load it by repo id, offline."""
+    import shutil
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--zero123-tiny"
+    shutil.copytree(tiny_folder, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    path = resolve_model_path("someone/zero123-tiny", cache_dir=tmp_path / "hub")
+    assert path == repo / "snapshots" / commit
+    prior = Zero123Prior.from_pretrained(Zero123Config(model="someone/zero123-tiny", image_size=SIZE,
+                                                       hf_cache_dir=str(tmp_path / "hub")))  # fmt: skip
+    assert prior.kind == "stable-zero123"  # declared by the folder's model_index.json
+    assert prior.dtype == torch.float32  # fp32 on the CPU
+
+
+@pytest.mark.parametrize("case", ["no_folder", "repo_not_cached", "incomplete_folder"])
+def test_missing_model_is_one_line_input_error(case, tmp_path, tiny_folder):
+    if case == "no_folder":
+        model, expect = str(tmp_path / "nothing-here"), "no such folder"
+    elif case == "repo_not_cached":
+        model, expect = "ashawkey/stable-zero123-diffusers", "not in the local Hugging Face cache"
+    else:
+        import shutil
+
+        model = str(tmp_path / "partial")
+        shutil.copytree(tiny_folder, model)
+        shutil.rmtree(os.path.join(model, "vae"))
+        expect = "lacks vae/"
+    with pytest.raises(InputError) as err:
+        resolve_model_path(model, cache_dir=tmp_path / "empty-cache")
+    msg = str(err.value)
+    assert "\n" not in msg and expect in msg and model in msg
+    if case == "repo_not_cached":
+        assert str(tmp_path / "empty-cache") in msg and "--model PATH" in msg  # where to put it
+
+
+# ------------------------------------------------------------------------------------ camera embeddings
+def test_camera_embeddings_match_hand_computed_values():
+    ref = Reference(
+        torch.ones(3, 4, 4), torch.ones(1, 4, 4), elevation_deg=-10.0, azimuth_deg=0.0, radius=2.0
+    )
+    views = OrbitViews([10.0, -20.0], [90.0, 180.0], [2.0, 2.5])
+    stable = camera_embedding(views, ref, "stable-zero123")
+    xl = camera_embedding(views, ref, "zero123-xl")
+    d_el = [math.radians(20.0), math.radians(-10.0)]
+    expect_common = torch.tensor([[d_el[0], 1.0, 0.0], [d_el[1], 0.0, -1.0]])
+    # float32 trigonometry of exact angles: within 1e-6
+    torch.testing.assert_close(stable[:, :3], expect_common, atol=1e-6, rtol=0)
+    torch.testing.assert_close(xl[:, :3], expect_common, atol=1e-6, rtol=0)
+    torch.testing.assert_close(stable[:, 3], torch.full((2,), math.radians(80.0)), atol=1e-6, rtol=0)
+    torch.testing.assert_close(xl[:, 3], torch.tensor([0.0, 0.5]), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="unknown camera embedding"):
+        camera_embedding(views, ref, "zero123-plus")
+
+
+def test_camera_embedding_kind_auto_follows_the_model_name():
+    comps = build_random_zero123("tiny")
+    comps.camera_embedding = None  # as a folder without our model_index entry
+    assert Zero123Prior(comps, Zero123Config(model="x/zero123-xl-diffusers")).kind == "zero123-xl"
+    assert Zero123Prior(comps, Zero123Config(model="x/stable-zero123-diffusers")).kind == "stable-zero123"
+    assert Zero123Prior(comps, Zero123Config(model="x/y", camera_embedding="zero123-xl")).kind == "zero123-xl"
+
+
+# ------------------------------------------------------------------------------------------------ DDIM
+def test_ddim_schedule_is_microdreamers():
+    dd = DDIMRoundTrip()
+    assert dd.timesteps == list(range(951, 0, -50))  # leading spacing, steps_offset 1, 20 steps
+    assert dd.scheduler.config.beta_schedule == "scaled_linear" and not dd.scheduler.config.clip_sample
+    assert dd.plan(1.0, 0.6) == (None, 951)  # pure noise from the top of the grid
+    assert dd.plan(0.9, 0.6) == (501, 851)  # t2 <= 900, t1 <= 540
+    assert dd.plan(0.2, 0.6) == (101, 151)
+    assert dd.plan(0.0005, 0.6) == (None, None)  # below the grid: nothing to do
+
+
+def test_ddim_inversion_is_the_exact_inverse_for_a_fixed_noise_prediction():
+    """With one noise prediction used in both directions the DDIM steps invert each other exactly."""
+    dd = DDIMRoundTrip()
+    g = torch.Generator().manual_seed(7)
+    xa, eps = torch.randn(3, 4, 8, 8, generator=g), torch.randn(3, 4, 8, 8, generator=g)
+    xb = dd.invert(xa, 101, 951, lambda x, t: eps)
+    back = dd.denoise(xb, 951, lambda x, t: eps, eta=0.0, t_to=101)
+    # 17 float32 steps each way: relative error ~1e-6 (measured 6e-7)
+    assert ((back - xa).norm() / xa.norm()).item() < 1e-5
+
+
+def test_ddim_inversion_then_denoising_with_the_unconditional_prediction_returns_the_start(tiny_prior):
+    """Invert t1 = 301 -> t2 = 501 with the tiny model's unconditional prediction, denoise back (eta 0).
+
+    Inversion evaluates the network at the lower noise level of each step, denoising at the higher one,
+    so the round trip is exact only up to the change of the prediction over one step: a first-order
+    error in the step size. On the tiny random model it is 1.6-1.8e-2 (relative) on a 20-step grid and
+    five times smaller on a 100-step grid; we assert < 3e-2, and at least a 3x reduction.
+    """
+    eps = tiny_prior._eps_unconditional(2, tiny_prior.nets.camera_projection.out_features)
+    errors = []
+    for steps in (20, 100):
+        dd = DDIMRoundTrip(DDIMConfig(num_inference_steps=steps))
+        g = torch.Generator().manual_seed(11)
+        xa = dd.add_noise(torch.randn(2, 4, 8, 8, generator=g), 301, g)
+        back = dd.denoise(dd.invert(xa, 301, 501, eps), 501, eps, eta=0.0, t_to=301)
+        errors.append(((back - xa).norm() / xa.norm()).item())
+    assert errors[0] < 3e-2
+    assert errors[1] < errors[0] / 3
+
+
+def test_unconditional_branch_zeroes_context_and_reference_latent(tiny_prior):
+    """Guidance scale 0 gives the unconditional prediction, and that is the network on zeroed context
+    and a zeroed reference latent; scale 1 gives the conditional one."""
+    views = _views(2)
+    ctx = tiny_prior.context(views)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4, 8, 8, generator=g)
+    unet = tiny_prior.nets.unet
+    t = torch.full((2,), 301.0)
+    with torch.no_grad():
+        uncond = unet(
+            torch.cat([x, torch.zeros_like(x)], 1), t, encoder_hidden_states=torch.zeros_like(ctx)
+        ).sample
+        ref = tiny_prior.reference_latent.expand(2, -1, -1, -1)
+        cond = unet(torch.cat([x, ref], 1), t, encoder_hidden_states=ctx).sample
+        saved = tiny_prior.config.guidance_scale
+        try:
+            tiny_prior.config.guidance_scale = 0.0
+            got0 = tiny_prior._eps_guided(ctx)(x, 301)
+            tiny_prior.config.guidance_scale = 1.0
+            got1 = tiny_prior._eps_guided(ctx)(x, 301)
+        finally:
+            tiny_prior.config.guidance_scale = saved
+        got_u = tiny_prior._eps_unconditional(2, ctx.shape[-1])(x, 301)
+    # batched (2C) vs separate (C) calls: float32 rounding only
+    torch.testing.assert_close(got0, uncond, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_u, uncond, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got1, cond, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- refine
+def test_refine_gives_targets_of_the_right_shape_and_range(tiny_prior):
+    views = _views(2)
+    g = torch.Generator().manual_seed(0)
+    calls0 = tiny_prior.unet.calls
+    first = tiny_prior.refine(None, views, 1.0, generator=g)
+    assert tiny_prior.unet.calls - calls0 == 20  # pure noise: every grid step, guided
+    assert first.shape == (2, 3, SIZE, SIZE) and first.dtype == torch.float32
+    assert torch.isfinite(first).all() and first.min() >= 0 and first.max() <= 1
+    renders = torch.rand(2, 3, SIZE, SIZE, generator=g)
+    calls0 = tiny_prior.unet.calls
+    out = tiny_prior.refine(renders, views, 0.5, generator=torch.Generator().manual_seed(1))
+    # t2 = 451, t1 = 251 (<= 0.6 * 500): 4 inversion steps + 10 denoising steps
+    assert tiny_prior.unet.calls - calls0 == 14
+    assert out.shape == (2, 3, SIZE, SIZE) and torch.isfinite(out).all() and out.min() >= 0 and out.max() <= 1
+    again = tiny_prior.refine(renders, views, 0.5, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(out, again)  # one seed, one result
+    # other render sizes are resized in and out
+    small = tiny_prior.refine(renders[:, :, ::2, ::2], views, 0.3, generator=torch.Generator().manual_seed(2))
+    assert small.shape == (2, 3, SIZE // 2, SIZE // 2)
+    # t_stop below the grid: nothing to refine, the renders come back
+    assert torch.equal(tiny_prior.refine(renders, views, 1e-4), renders)
+
+
+def test_refine_before_set_reference_is_an_error():
+    prior = Zero123Prior(build_random_zero123("tiny"), Zero123Config(image_size=SIZE))
+    with pytest.raises(RuntimeError, match="set_reference"):
+        prior.refine(None, _views(1), 1.0)
+
+
+def test_full_architecture_matches_stable_zero123():
+    """The full-size factory's settings (constructing it would take ~1 GiB; check the numbers)."""
+    from microdreamer.priors.factory import architecture
+
+    a = architecture("full")
+    assert a["unet"]["block_out_channels"] == [320, 640, 1280, 1280]
+    assert a["unet"]["in_channels"] == 8 and a["unet"]["cross_attention_dim"] == 768
+    assert a["vae"]["block_out_channels"] == [128, 256, 512, 512] and a["vae"]["scaling_factor"] == 0.18215
+    assert (a["clip"]["hidden_size"], a["clip"]["num_hidden_layers"], a["clip"]["patch_size"]) == (
+        1024,
+        24,
+        14,
+    )
+    assert a["clip"]["projection_dim"] == 768 == a["context_dim"]
