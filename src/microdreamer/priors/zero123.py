@@ -280,18 +280,23 @@ class _UNetRunner:
         """eps [B, 4, h, w] (UNet dtype) for ``sample`` [B, 8, h, w], timestep t, ``context`` [B, 1, D]."""
         self.calls += 1
         self.samples += sample.shape[0]
-        if not (self.use_graphs and sample.is_cuda):
-            ts = torch.full((sample.shape[0],), float(t), device=sample.device)
-            return self.unet(sample, ts, encoder_hidden_states=context).sample
-        key = (tuple(sample.shape), tuple(context.shape), sample.dtype)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(sample, context)
-        graph, s_in, s_t, s_ctx, s_out = self.graphs[key]
-        s_in.copy_(sample)
-        s_t.fill_(float(t))
-        s_ctx.copy_(context)
-        graph.replay()
-        return s_out.clone()
+        if self.use_graphs and sample.is_cuda:
+            key = (tuple(sample.shape), tuple(context.shape), sample.dtype)
+            if key not in self.graphs:
+                try:
+                    self.graphs[key] = self._capture(sample, context)
+                except RuntimeError as e:  # a capture failure costs speed, not the result
+                    logger.warning("CUDA graph capture of the UNet failed (%s); running it eagerly", e)
+                    self.use_graphs = False
+            if key in self.graphs:
+                graph, s_in, s_t, s_ctx, s_out = self.graphs[key]
+                s_in.copy_(sample)
+                s_t.fill_(float(t))
+                s_ctx.copy_(context)
+                graph.replay()
+                return s_out.clone()
+        ts = torch.full((sample.shape[0],), float(t), device=sample.device)
+        return self.unet(sample, ts, encoder_hidden_states=context).sample
 
     def _capture(self, sample: torch.Tensor, context: torch.Tensor) -> tuple:
         s_in, s_ctx = sample.clone(), context.clone()
@@ -340,6 +345,7 @@ class Zero123Prior(Prior):
         self.clip_embedding: torch.Tensor | None = None  # [1, 1, D]
         self.reference_latent: torch.Tensor | None = None  # [1, 4, h, w]
         self.reference: Reference | None = None
+        self._nonfinite = torch.zeros((), dtype=torch.long, device=self.device)  # non-finite decoded values
 
     @classmethod
     def from_pretrained(cls, config: Zero123Config | None = None, device="cpu") -> Zero123Prior:
@@ -402,8 +408,10 @@ class Zero123Prior(Prior):
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """[C, 4, h, w] scaled latents -> [C, 3, S, S] float32 images in [0, 1]."""
-        x = self.nets.vae.decode((latents / self.latent_scale).to(self.dtype)).sample
-        return (x.float() / 2 + 0.5).clamp(0, 1)
+        x = self.nets.vae.decode((latents / self.latent_scale).to(self.dtype)).sample.float()
+        bad = ~torch.isfinite(x)
+        self._nonfinite = self._nonfinite + bad.sum()  # read (one sync) only by stats()
+        return (torch.where(bad, torch.ones_like(x), x) / 2 + 0.5).clamp(0, 1)
 
     # ------------------------------------------------------------------ noise predictions
     def _eps_guided(self, context: torch.Tensor):
@@ -472,10 +480,17 @@ class Zero123Prior(Prior):
         self.decode(self.encode(torch.rand(C, 3, s, s, device=self.device)))
         torch.cuda.synchronize(self.device)
         self.unet.calls = self.unet.samples = 0
+        self._nonfinite.zero_()
 
     def stats(self) -> dict:
+        """UNet calls and samples since the warm-up, captured graphs, and non-finite decoded values
+        (replaced by white; nonzero means the model or its precision misbehaves)."""
+        bad = int(self._nonfinite)
+        if bad:
+            logger.warning("Zero123 decoded %d non-finite values (replaced by white)", bad)
         return {
             "unet_calls": self.unet.calls,
             "unet_samples": self.unet.samples,
             "cuda_graphs": len(self.unet.graphs),
+            "nonfinite_values": bad,
         }
