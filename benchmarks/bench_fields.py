@@ -1,0 +1,371 @@
+"""Benchmark of the density field: upstream's PyTorch loop, the naive and fast CUDA kernels, and the
+vectorised PyTorch path, on seeded synthetic objects and the real sample splats.
+
+    python benchmarks/bench_fields.py [--out benchmarks/results/fields_h200.json] [--quick]
+
+Times are CUDA-event medians after warm-up (the fast kernel's runs rotate over three input sets of
+the same size so that repeated runs do not just re-read the cache); peak memory is the allocator's
+peak above the inputs. The script also measures the card's copy bandwidth, write bandwidth and
+ex2 rate, the rates the floors in benchmarks/README.md come from. The table is printed last; the
+JSON holds every number, the command line and the hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from microdreamer.field import FieldConfig, prepare_gaussians
+from microdreamer.field.reference import covariance6, gaussian_3d_coeff
+from microdreamer.field.torch_impl import density_field_torch
+from microdreamer.kernels import _backend, default_chunks, extract_fields
+from microdreamer.splat import read_ply
+from microdreamer.synthetic import make_synthetic_object
+
+SAMPLES = Path(__file__).resolve().parents[1] / ".." / "shared" / "samples" / "splats"
+NS = (10_000, 50_000, 200_000, 1_000_000)
+RS = (128, 256, 512)
+NAIVE_BUDGET_S = 3.0  # skip naive runs predicted longer than this (cost ~ N R^3)
+
+
+def cuda_time(fn, warmup: int = 2, reps: int = 10, inputs=None) -> tuple[float, list[float]]:
+    """Median milliseconds of fn(inputs[i % len]) between CUDA events, after warm-up."""
+    inputs = inputs or [None]
+    for w in range(warmup):
+        fn(inputs[w % len(inputs)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(inputs[i % len(inputs)])
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), times
+
+
+def peak_mb(fn, arg=None) -> float:
+    """Allocator peak (MB) above what is allocated before the call."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(arg)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak / 2**20
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-300))
+
+
+# ----------------------------------------------------------------------------------------------
+# upstream's algorithm (DreamGaussian/MicroDreamer extract_fields), re-implemented from its
+# description: blocks of R // num_blocks voxels, each block's box grown by relax_ratio * block size,
+# the Gaussians whose centre lies inside it evaluated densely, 1024 Gaussians at a time
+# ----------------------------------------------------------------------------------------------
+
+
+def upstream_loop(prepared, grid, config) -> torch.Tensor:
+    device = prepared.means.device
+    r = grid.resolution
+    split = r // config.num_blocks
+    relax = config.relax_ratio * 2.0 / config.num_blocks
+    means, opac = prepared.means, prepared.opacities
+    covs = covariance6(prepared.transforms.double()).float()
+    pieces = grid.axis(device).split(split)
+    occ = torch.zeros(r, r, r, device=device)
+    for xi, xs in enumerate(pieces):
+        for yi, ys in enumerate(pieces):
+            for zi, zs in enumerate(pieces):
+                pts = torch.stack(torch.meshgrid(xs, ys, zs, indexing="ij"), -1).reshape(-1, 3)
+                vmin, vmax = pts.amin(0) - relax, pts.amax(0) + relax
+                mask = ((means < vmax) & (means > vmin)).all(-1)
+                if not mask.any():
+                    continue
+                mx, mc, mo = means[mask], covs[mask], opac[mask]
+                val = torch.zeros(pts.shape[0], device=device)
+                for s in range(0, mx.shape[0], 1024):
+                    d = pts[:, None, :] - mx[None, s : s + 1024]
+                    c = mc[None, s : s + 1024].expand(pts.shape[0], -1, 6)
+                    w = gaussian_3d_coeff(d.reshape(-1, 3), c.reshape(-1, 6)).reshape(pts.shape[0], -1)
+                    val += (mo[None, s : s + 1024] * w).sum(-1)
+                occ[xi * split : xi * split + len(xs), yi * split : yi * split + len(ys),
+                    zi * split : zi * split + len(zs)] = val.reshape(len(xs), len(ys), len(zs))  # fmt: skip
+    return occ
+
+
+# ----------------------------------------------------------------------------------------------
+# the card's rates
+# ----------------------------------------------------------------------------------------------
+
+
+def measure_rates() -> dict:
+    n = 512 * 2**20  # 2 GiB of float32
+    src = torch.rand(n, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms, _ = cuda_time(lambda _: dst.copy_(src), warmup=2, reps=10)
+    fill_ms, _ = cuda_time(lambda _: dst.fill_(1.0), warmup=2, reps=10)
+    src = dst = None
+    torch.cuda.empty_cache()
+    ext = _backend.load()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    threads, iters = sms * 2048 * 2, 2048
+    exp_ms, _ = cuda_time(lambda _: ext.exp2_probe(threads, iters), warmup=2, reps=10)
+    return {
+        "copy_GBps": 2 * 4 * n / copy_ms / 1e6,  # bytes read + written
+        "write_GBps": 4 * n / fill_ms / 1e6,
+        "exp2_per_s": threads * iters * 8 / exp_ms * 1e3,
+        "copy_ms_2GiB": copy_ms,
+        "fill_ms_2GiB": fill_ms,
+        "exp2_probe_ms": exp_ms,
+    }
+
+
+def hardware() -> dict:
+    p = torch.cuda.get_device_properties(0)
+    info = {
+        "gpu": p.name,
+        "sm_count": p.multi_processor_count,
+        "memory_GiB": round(p.total_memory / 2**30, 1),
+        "capability": f"{p.major}.{p.minor}",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+    try:
+        q = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit"
+        info["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+_splats: dict = {}
+
+
+def inputs_for(name: str, n: int | None, r: int, mode: str, copies: int):
+    cfg = FieldConfig(resolution=r, mode=mode)
+    sets = []
+    for seed in range(copies):
+        key = (name, n, seed)
+        if key not in _splats:
+            if len(_splats) > 6:
+                _splats.clear()
+            _splats[key] = (
+                make_synthetic_object(n, seed=seed) if name == "synthetic" else read_ply(SAMPLES / name)
+            )
+        splat = _splats[key]
+        prepared, grid = prepare_gaussians(splat.to("cuda"), cfg)
+        sets.append((prepared, grid))
+    return cfg, sets
+
+
+def bench_case(name, n, r, rows, naive_rate, quick):
+    for mode in ("exact", "upstream"):
+        if mode == "upstream" and (quick or (name == "synthetic" and r == 512 and n >= 200_000)):
+            continue
+        bench_mode(name, n, r, mode, rows, naive_rate, quick)
+        torch.cuda.empty_cache()
+
+
+def bench_mode(name, n, r, mode, rows, naive_rate, quick):
+    cfg, sets = inputs_for(name, n, r, mode, copies=1 if name != "synthetic" else 3)
+    n_kept = len(sets[0][0])
+    row0 = {"input": name, "N": n_kept, "R": r, "mode": mode}
+
+    def fast(s, chunks):
+        return extract_fields(s[0], s[1], cfg, "fast", chunks=chunks)
+
+    def naive(s):
+        return extract_fields(s[0], s[1], cfg, "naive")
+
+    def torch_path(s):
+        return density_field_torch(s[0], s[1], cfg)
+
+    def loop(s):
+        return upstream_loop(s[0], s[1], cfg)
+
+    # fast, every tile depth
+    outs, fast_rows = {}, []
+    for chunks in (1, 2, 4) if mode == "exact" else (1, 2):
+        t0 = time.perf_counter()
+        fast(sets[0], chunks)
+        torch.cuda.synchronize()
+        slow = time.perf_counter() - t0 > 0.02  # long runs: fewer repetitions
+        reps = 3 if slow else (7 if quick else 21)
+        ms, times = cuda_time(lambda s, c=chunks: fast(s, c), warmup=2, reps=reps, inputs=sets)
+        t0 = time.perf_counter()
+        outs[chunks] = fast(sets[0], chunks)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3
+        fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "default": chunks == default_chunks(cfg),
+                          "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
+                          "peak_MB": peak_mb(lambda s, c=chunks: fast(s, c), sets[0])})  # fmt: skip
+    rows.extend(fast_rows)
+    fast_out = outs[default_chunks(cfg)]
+    ref, ref_kind = None, None
+    # the vectorised PyTorch path (on this GPU)
+    if r == 128 and n_kept <= 60_000:
+        ms, times = cuda_time(torch_path, warmup=0, reps=1, inputs=sets)
+        ref, ref_kind = torch_path(sets[0]), "torch"
+        rows.append({**row0, "impl": "torch", "median_ms": ms, "runs_ms": times,
+                     "peak_MB": peak_mb(torch_path, sets[0])})  # fmt: skip
+    else:
+        rows.append(
+            {**row0, "impl": "torch", "skipped": "a Python loop over 8^3 tiles: minutes at this size"}
+        )
+    # the naive kernel
+    predicted = naive_rate.get(mode, 0.0) * n_kept * r**3
+    if predicted > NAIVE_BUDGET_S:
+        rows.append({**row0, "impl": "naive", "skipped": f"predicted {predicted:.0f} s (cost ~ N R^3)"})
+    elif mode == "upstream" and r > 128:
+        rows.append({**row0, "impl": "naive", "skipped": "upstream mode: timed at R = 128 only"})
+    else:
+        long = predicted > 0.5
+        ms, times = cuda_time(naive, warmup=0 if long else 1, reps=1 if long else 3, inputs=sets)
+        naive_rate[mode] = ms / 1e3 / (n_kept * r**3)
+        out = naive(sets[0])
+        rows.append({**row0, "impl": "naive", "median_ms": ms, "runs_ms": times,
+                     "rel_diff_vs_fast": rel_err(out, fast_out)})  # fmt: skip
+        if ref is None:
+            ref, ref_kind = out, "naive"
+    # upstream's loop: upstream mode, R = 128, N <= 50k
+    if mode == "upstream" and r == 128 and n_kept <= 60_000:
+        ms, times = cuda_time(loop, warmup=0, reps=1, inputs=sets)
+        out = loop(sets[0])
+        rows.append({**row0, "impl": "upstream_loop", "median_ms": ms, "runs_ms": times,
+                     "rel_diff_vs_fast": rel_err(out, fast_out)})  # fmt: skip
+    elif mode == "upstream":
+        rows.append({**row0, "impl": "upstream_loop", "skipped": "timed at R = 128, N <= 50k only"})
+    if ref is not None:
+        for row in fast_rows:
+            row[f"rel_err_vs_{ref_kind}"] = rel_err(outs[row["chunks"]], ref)
+    for row in fast_rows:
+        row["rel_diff_vs_default"] = rel_err(outs[row["chunks"]], fast_out)
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'input':<32} {'N':>8} {'R':>4} {'mode':<8} {'impl':<14} {'ms':>10} {'peak MB':>8}  note"]
+    for row in rows:
+        impl = (
+            row["impl"]
+            + (f"/c{row['chunks']}" if "chunks" in row else "")
+            + ("*" if row.get("default") else "")
+        )
+        ms = f"{row['median_ms']:.4g}" if "median_ms" in row else "-"
+        mb = f"{row['peak_MB']:.0f}" if "peak_MB" in row else "-"
+        note = row.get("skipped", "")
+        for k in ("rel_err_vs_torch", "rel_err_vs_naive", "rel_diff_vs_fast"):
+            if k in row:
+                note = f"{k}={row[k]:.1e}"
+        lines.append(f"{row['input'][:32]:<32} {row['N']:>8} {row['R']:>4} {row['mode']:<8} {impl:<14} {ms:>10} "
+                     f"{mb:>8}  {note}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def must_show(rows: list[dict]) -> dict:
+    def pick(n, r, impl, mode="exact"):
+        c = [x for x in rows if x["input"] == "synthetic" and x["R"] == r and x["impl"] == impl
+             and x["mode"] == mode and abs(x["N"] - n) < 0.01 * n and "median_ms" in x]  # fmt: skip
+        return min(c, key=lambda x: x["median_ms"]) if c else None
+
+    out = {}
+    f128, n128, f512 = pick(50_000, 128, "fast"), pick(50_000, 128, "naive"), pick(1_000_000, 512, "fast")
+    if f128:
+        out["fast_128_50k_ms"] = f128["median_ms"]
+        out["fast_128_50k_chunks"] = f128["chunks"]
+        out["target_128_50k_le_0.1ms"] = f128["median_ms"] <= 0.1
+    if f512:
+        out["fast_512_1M_ms"] = f512["median_ms"]
+        out["fast_512_1M_chunks"] = f512["chunks"]
+        out["target_512_1M_le_10ms"] = f512["median_ms"] <= 10.0
+    if f128 and n128:
+        out["speedup_vs_naive_128_50k"] = n128["median_ms"] / f128["median_ms"]
+        out["target_speedup_ge_500"] = out["speedup_vs_naive_128_50k"] >= 500
+    errs = [v for x in rows for k, v in x.items() if k.startswith("rel_err_vs")]
+    out["max_rel_err"] = max(errs) if errs else None
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results/fields_h200.json")
+    parser.add_argument("--quick", action="store_true", help="small sizes and fewer runs (a smoke test)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_fields.py needs a CUDA GPU")
+    t_start = time.perf_counter()
+    _backend.load()
+    hw = hardware()
+    rates = measure_rates()
+    rows: list[dict] = []
+    naive_rate: dict = {}
+    ns = NS[:2] if args.quick else NS
+    rs = RS[:2] if args.quick else RS
+    partial = Path(args.out).with_suffix(".partial.json")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    cases = [("synthetic", n, r) for n in ns for r in rs]
+    real = sorted(p.name for p in SAMPLES.glob("*.ply")) if SAMPLES.is_dir() else []
+    cases += [(name, None, r) for name in real for r in rs]
+    for name, n, r in cases:
+        bench_case(name, n, r, rows, naive_rate, args.quick)
+        print(f"done {name} N={n} R={r} ({time.perf_counter() - t_start:.0f} s)", flush=True)
+        partial.write_text(json.dumps({"rates": rates, "hardware": hw, "results": rows}, indent=1))
+    # floors at 512^3 / 1M (exact mode): the grid's bytes, and the exponentials of a kernel that
+    # evaluates every (voxel, Gaussian) pair inside the cutoff once
+    cfg = FieldConfig(resolution=512, mode="exact")
+    prepared, grid = prepare_gaussians(make_synthetic_object(1_000_000, seed=0).to("cuda"), cfg)
+    h = 2.0 / 511
+    vol = (
+        4.0 / 3.0 * math.pi * cfg.cutoff_sq**1.5 / torch.linalg.det(prepared.transforms.double()).abs()
+    ) / h**3
+    pairs = float(vol.sum())
+    floors = {
+        "grid_bytes": 4 * 512**3,
+        "grid_write_ms": 4 * 512**3 / rates["write_GBps"] / 1e6,
+        "pairs_inside_cutoff": pairs,
+        "exp_ms_at_measured_rate": pairs / rates["exp2_per_s"] * 1e3,
+    }
+    result = {
+        "command": " ".join(shlex.quote(a) for a in [sys.executable.split("/")[-1], *sys.argv]),
+        "hardware": hw,
+        "rates": rates,
+        "floors_512_1M": floors,
+        "must_show": must_show(rows),
+        "notes": "fast: chunks = 8-voxel chunks per thread along z (tile 16 x 16 x 8*chunks); * = default. "
+        "Timed runs of fast rotate over three seeded inputs of the same size (synthetic). "
+        "torch = microdreamer.field.torch_impl on the GPU. naive runs predicted longer than "
+        f"{NAIVE_BUDGET_S} s are skipped (cost ~ N R^3).",
+        "results": rows,
+        "seconds": time.perf_counter() - t_start,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    partial.unlink(missing_ok=True)
+    print(json.dumps({"rates": rates, "floors_512_1M": floors, "must_show": result["must_show"]}, indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""CUDA kernels of the density field (no public API of their own: :mod:`microdreamer.field` dispatches
+here with ``backend="cuda"``).
+
+Layout, like gsplat: ``csrc/`` holds the CUDA sources and the one binding file, :mod:`._backend` builds
+and loads them on first GPU use, and this module holds the thin wrappers. The PyTorch references live
+in :mod:`microdreamer.field.reference` (float64 brute force) and :mod:`microdreamer.field.torch_impl`
+(the vectorised CPU path); the tests compare every kernel with them. Importing this package compiles
+nothing and works without a GPU.
+
+Implementations of :func:`extract_fields` (``impl=``):
+
+* ``"fast"``: Gaussians binned to 16 x 16 x (8 * chunks) voxel tiles on the GPU (count, scan, fill),
+  one block per tile stages its Gaussians in shared memory; each warp culls them against its
+  8 x 4-column footprint and evaluates the survivors column by column, along z with a two-multiply
+  recurrence where the Gaussian is wide enough (see ``benchmarks/NOTES_fields.md``). Lists larger
+  than ``max_list_entries`` are processed in z-slabs.
+* ``"naive"``: one thread per voxel looping over every Gaussian with an axis-aligned range cull (the
+  measured baseline).
+
+Both compute q in float32 in a column form that stays accurate for Gaussians up to a stated
+thinness, and in float64 for thinner ones; results agree with the float64 reference to ~1e-6 relative.
+Summation order in ``fast`` follows the binning atomics, so repeated runs may differ in the last bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from microdreamer.field.common import FieldConfig, GridSpec, PreparedGaussians, upstream_block_bounds
+
+__all__ = ["extract_fields", "gaussian_3d_coeff", "default_chunks"]
+
+IMPLS = ("fast", "naive")
+MAX_LIST_ENTRIES = 1 << 28  # 1 GiB of int32 list entries per z-slab chunk
+
+_tables: dict[tuple, torch.Tensor] = {}
+
+
+def default_chunks(config: FieldConfig) -> int:
+    """8-voxel chunks per thread along z (tile depth 8 * chunks) for this grid and mode: the fastest
+    measured on an H200 (benchmarks/results/fields_h200.json)."""
+    r = config.resolution
+    if config.mode != "exact":
+        return 1 if r <= 160 else 2
+    return 1 if r <= 320 else 4
+
+
+def _axis_table(r: int, length: int, device: torch.device) -> torch.Tensor:
+    """[length] float32 grid coordinates -1 + 2 k / (R - 1): ``GridSpec.axis`` extended past R - 1."""
+    key = ("axis", r, length, str(device))
+    if key not in _tables:
+        idx = torch.arange(length, dtype=torch.float64)
+        _tables[key] = (-1.0 + 2.0 * idx / (r - 1)).to(torch.float32).to(device)
+    return _tables[key]
+
+
+def _block_tables(
+    grid: GridSpec, config: FieldConfig, device: torch.device
+) -> tuple[int, torch.Tensor, torch.Tensor]:
+    key = ("blocks", grid.resolution, config.num_blocks, config.relax_ratio, str(device))
+    if key not in _tables:
+        t, lower, upper = upstream_block_bounds(grid, config)
+        _tables[key] = (t, lower.to(device), upper.to(device))
+    return _tables[key]
+
+
+def extract_fields(
+    prepared: PreparedGaussians,
+    grid: GridSpec,
+    config: FieldConfig,
+    impl: str = "fast",
+    *,
+    out: torch.Tensor | None = None,
+    chunks: int | None = None,
+    max_list_entries: int = MAX_LIST_ENTRIES,
+) -> torch.Tensor:
+    """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
+
+    Args:
+        prepared: N Gaussians on one CUDA device (means [N, 3], opacities [N], transforms [N, 3, 3],
+            radii [N, 3], float32, contiguous).
+        grid: the sampling grid (R = grid.resolution).
+        config: mode and its parameters.
+        impl: ``"fast"`` (tiled) or ``"naive"`` (one thread per voxel).
+        out: optional [R, R, R] float32 CUDA tensor to write into (every voxel is written).
+        chunks: fast: 8-voxel chunks per thread along z, 1, 2 or 4 (4: exact mode only); default
+            :func:`default_chunks`.
+        max_list_entries: fast: (tile, Gaussian) pairs binned at once; more are processed in z-slabs.
+    Returns:
+        [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
+    Raises:
+        RuntimeError: the Gaussians are not on a CUDA device, or the kernels cannot be built.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"unknown kernel implementation {impl!r}; use one of {', '.join(IMPLS)}")
+    device = prepared.means.device
+    if device.type != "cuda":
+        raise RuntimeError(
+            f"microdreamer.kernels.extract_fields needs the Gaussians on a CUDA device, got {device}; "
+            "use backend='torch' on the CPU"
+        )
+    from microdreamer.kernels import _backend
+
+    ext = _backend.load()
+    r = grid.resolution
+    exact = config.mode == "exact"
+    chunks = chunks or default_chunks(config)
+    tz = 8 * chunks
+    length = max(math.ceil(r / 16) * 16, math.ceil(r / tz) * tz) + 8
+    axis = _axis_table(r, length, device)
+    if exact:
+        t, lower, upper = 1, axis.new_zeros(1, dtype=torch.float64), axis.new_zeros(1, dtype=torch.float64)
+    else:
+        t, lower, upper = _block_tables(grid, config, device)
+    if out is None:
+        out = torch.empty((r, r, r), dtype=torch.float32, device=device)
+    return ext.extract_fields(
+        prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out,
+        exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
+    )  # fmt: skip
+
+
+def gaussian_3d_coeff(xyzs: torch.Tensor, covs: torch.Tensor) -> torch.Tensor:
+    """Fused ``gaussian_3d_coeff`` (DreamGaussian semantics, see the PyTorch version in
+    :func:`microdreamer.field.reference.gaussian_3d_coeff`).
+
+    Args:
+        xyzs: [M, 3] float32 or float64 offsets x - mu.
+        covs: [M, 6] covariances (S00, S01, S02, S11, S12, S22), same dtype and device.
+    Returns:
+        [M] ``exp(-0.5 d^T Sigma^-1 d)`` (0 where the exponent is positive), same dtype. On CUDA one
+        elementwise kernel, evaluated in float64 and rounded once; on the CPU the PyTorch version.
+    """
+    if not xyzs.is_cuda:
+        from microdreamer.field.reference import gaussian_3d_coeff as reference
+
+        return reference(xyzs, covs)
+    from microdreamer.kernels import _backend
+
+    return _backend.load().gaussian_3d_coeff(xyzs.contiguous(), covs.contiguous())

@@ -1,0 +1,233 @@
+// Python bindings of the density-field kernels: input checks, workspace, binning and chunking on
+// the host side, launches on the current stream (every launch checked).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "fields.h"
+
+namespace {
+
+using microdreamer::kParamWords;
+using microdreamer::kPreciseWords;
+
+std::string sizes_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, const at::Device& device) {
+  TORCH_CHECK(t.device() == device, name, " must be on ", device, ", got ", t.device());
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (sizes ", sizes_of(t), ")");
+}
+
+void check_shape(const at::Tensor& t, const char* name, std::vector<int64_t> shape) {
+  bool ok = t.dim() == static_cast<int64_t>(shape.size());
+  for (size_t d = 0; ok && d < shape.size(); ++d) ok = t.size(d) == shape[d];
+  std::string want = "[";
+  for (size_t d = 0; d < shape.size(); ++d) want += (d ? ", " : "") + std::to_string(shape[d]);
+  TORCH_CHECK(ok, name, " must have shape ", want, "], got ", sizes_of(t));
+}
+
+// extract_fields: fills `out` ([R, R, R] float32) with the density field and returns it.
+at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, const at::Tensor& transforms,
+                          const at::Tensor& radii, const at::Tensor& axis, const at::Tensor& lower,
+                          const at::Tensor& upper, at::Tensor out, bool exact, double cutoff_sq, double cutoff_tol,
+                          int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries) {
+  TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
+  const at::Device device = means.device();
+  const c10::cuda::CUDAGuard guard(device);
+  check_tensor(means, "means", at::kFloat, device);
+  const int64_t n = means.size(0);
+  check_shape(means, "means", {n, 3});
+  check_tensor(opacities, "opacities", at::kFloat, device);
+  check_shape(opacities, "opacities", {n});
+  check_tensor(transforms, "transforms", at::kFloat, device);
+  check_shape(transforms, "transforms", {n, 3, 3});
+  check_tensor(radii, "radii", at::kFloat, device);
+  check_shape(radii, "radii", {n, 3});
+  check_tensor(out, "out", at::kFloat, device);
+  TORCH_CHECK(out.dim() == 3 && out.size(0) == out.size(1) && out.size(0) == out.size(2) && out.size(0) >= 2,
+              "out must have shape [R, R, R] with R >= 2, got ", sizes_of(out));
+  const int64_t r = out.size(0);
+  TORCH_CHECK(r <= 4096, "resolution must be <= 4096, got ", r);
+  TORCH_CHECK(n < (int64_t(1) << 31), "at most 2^31 - 1 Gaussians, got ", n);
+  TORCH_CHECK(impl == "fast" || impl == "naive", "impl must be 'fast' or 'naive', got '", impl, "'");
+  TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
+              chunks);
+  check_tensor(axis, "axis", at::kFloat, device);
+  const int64_t tz = 8 * chunks;
+  const int64_t ntx = (r + 15) / 16, ntz = (r + tz - 1) / tz;
+  const int64_t axis_needed = std::max(ntx * 16, ntz * tz);
+  TORCH_CHECK(axis.dim() == 1 && axis.size(0) >= axis_needed, "axis must have shape [>= ", axis_needed, "], got ",
+              sizes_of(axis));
+  if (!exact) {
+    check_tensor(lower, "lower", at::kDouble, device);
+    check_tensor(upper, "upper", at::kDouble, device);
+    TORCH_CHECK(lower.dim() == 1 && lower.sizes() == upper.sizes() && lower.size(0) >= 1,
+                "lower and upper must have one shape [B], got ", sizes_of(lower), " and ", sizes_of(upper));
+    TORCH_CHECK(block_voxels >= 1 && (lower.size(0) - 1) * block_voxels < r && lower.size(0) * block_voxels >= r,
+                "upstream blocks do not tile the grid: B = ", lower.size(0), ", block = ", block_voxels, ", R = ", r);
+  }
+  if (n == 0) return out.zero_();
+
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool fast = impl == "fast";
+  const int64_t nty = ntx, n_tiles = ntx * nty * ntz;
+  TORCH_CHECK(n_tiles < (int64_t(1) << 31), "too many tiles: ", n_tiles);
+  auto fopts = means.options();
+  at::Tensor params = at::empty({n, kParamWords}, fopts);
+  at::Tensor precise = at::empty({n, kPreciseWords}, fopts.dtype(at::kDouble));
+  at::Tensor counts = fast ? at::zeros({n_tiles}, fopts.dtype(at::kInt)) : at::Tensor();
+
+  microdreamer::SetupArgs s{};
+  s.means = means.data_ptr<float>();
+  s.opacities = opacities.data_ptr<float>();
+  s.transforms = transforms.data_ptr<float>();
+  s.radii = radii.data_ptr<float>();
+  s.n = n;
+  s.resolution = static_cast<int>(r);
+  s.exact = exact;
+  s.h = 2.0 / static_cast<double>(r - 1);
+  s.cutoff_sq = cutoff_sq;
+  s.cutoff_tol = cutoff_tol;
+  s.block_voxels = static_cast<int>(block_voxels);
+  s.num_blocks_axis = exact ? 0 : static_cast<int>(lower.size(0));
+  s.lower = exact ? nullptr : lower.data_ptr<double>();
+  s.upper = exact ? nullptr : upper.data_ptr<double>();
+  s.tile_x = 16;
+  s.tile_y = 16;
+  s.tile_z = static_cast<int>(tz);
+  s.ntx = static_cast<int>(ntx);
+  s.nty = static_cast<int>(nty);
+  s.ntz = static_cast<int>(ntz);
+  s.tile_counts = fast ? counts.data_ptr<int>() : nullptr;
+  s.params = params.data_ptr<float>();
+  s.precise = precise.data_ptr<double>();
+  C10_CUDA_CHECK(microdreamer::launch_setup(s, stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  if (!fast) {
+    microdreamer::NaiveArgs a{};
+    a.params = params.data_ptr<float>();
+    a.precise = precise.data_ptr<double>();
+    a.n = n;
+    a.resolution = static_cast<int>(r);
+    a.exact = exact;
+    a.axis = axis.data_ptr<float>();
+    a.cutoff_sq = static_cast<float>(cutoff_sq);
+    a.cutoff_sq_d = cutoff_sq;
+    a.out = out.data_ptr<float>();
+    C10_CUDA_CHECK(microdreamer::launch_naive(a, stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+  }
+
+  // per-tile list offsets; the host needs the entries per z-slab of tiles to size and chunk the lists
+  at::Tensor tile_end = at::cumsum(counts, 0, at::kLong);
+  at::Tensor slab_end = tile_end.view({ntz, nty * ntx}).select(1, nty * ntx - 1).cpu();  // synchronises
+  const int64_t* se = slab_end.data_ptr<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> slabs;  // [z0, z1) chunks of z-slabs
+  int64_t largest = 0;
+  for (int64_t z0 = 0; z0 < ntz;) {
+    const int64_t base = z0 == 0 ? 0 : se[z0 - 1];
+    int64_t z1 = z0 + 1;
+    while (z1 < ntz && se[z1] - base <= max_list_entries) ++z1;
+    largest = std::max(largest, se[z1 - 1] - base);
+    slabs.emplace_back(z0, z1);
+    z0 = z1;
+  }
+  at::Tensor list = at::empty({std::max<int64_t>(largest, 1)}, fopts.dtype(at::kInt));
+  for (const auto& [z0, z1] : slabs) {
+    const int64_t base = z0 == 0 ? 0 : se[z0 - 1];
+    microdreamer::FillArgs f{};
+    f.params = params.data_ptr<float>();
+    f.n = n;
+    f.tile_x = 16;
+    f.tile_y = 16;
+    f.tile_z = static_cast<int>(tz);
+    f.ntx = static_cast<int>(ntx);
+    f.nty = static_cast<int>(nty);
+    f.ntz = static_cast<int>(ntz);
+    f.tz_begin = static_cast<int>(z0);
+    f.tz_end = static_cast<int>(z1);
+    f.tile_cursor = counts.data_ptr<int>();
+    f.tile_end = tile_end.data_ptr<int64_t>();
+    f.base = base;
+    f.list = list.data_ptr<int>();
+    if (se[z1 - 1] - base > 0) {
+      C10_CUDA_CHECK(microdreamer::launch_fill(f, stream));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    microdreamer::FastArgs a{};
+    a.params = params.data_ptr<float>();
+    a.precise = precise.data_ptr<double>();
+    a.list = list.data_ptr<int>();
+    a.tile_end = tile_end.data_ptr<int64_t>();
+    a.base = base;
+    a.tile0 = static_cast<int>(z0 * nty * ntx);
+    a.ntx = static_cast<int>(ntx);
+    a.nty = static_cast<int>(nty);
+    a.ntz = static_cast<int>(ntz);
+    a.resolution = static_cast<int>(r);
+    a.axis = axis.data_ptr<float>();
+    a.cutoff_sq = static_cast<float>(cutoff_sq);
+    a.cutoff_sq_d = cutoff_sq;
+    a.out = out.data_ptr<float>();
+    a.out_aligned = reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+    C10_CUDA_CHECK(microdreamer::launch_fast(a, exact, static_cast<int>(chunks),
+                                             static_cast<int>((z1 - z0) * nty * ntx), stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return out;
+}
+
+at::Tensor gaussian_3d_coeff(const at::Tensor& xyzs, const at::Tensor& covs) {
+  TORCH_CHECK(xyzs.is_cuda(), "gaussian_3d_coeff: xyzs must be a CUDA tensor, got ", xyzs.device());
+  const at::Device device = xyzs.device();
+  const c10::cuda::CUDAGuard guard(device);
+  const auto dtype = xyzs.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, "xyzs must be float32 or float64, got ", dtype);
+  check_tensor(xyzs, "xyzs", dtype, device);
+  check_tensor(covs, "covs", dtype, device);
+  const int64_t m = xyzs.size(0);
+  check_shape(xyzs, "xyzs", {m, 3});
+  check_shape(covs, "covs", {m, 6});
+  at::Tensor out = at::empty({m}, xyzs.options());
+  if (m == 0) return out;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (dtype == at::kFloat) {
+    C10_CUDA_CHECK(microdreamer::launch_coeff_f32(xyzs.data_ptr<float>(), covs.data_ptr<float>(),
+                                                  out.data_ptr<float>(), m, stream));
+  } else {
+    C10_CUDA_CHECK(microdreamer::launch_coeff_f64(xyzs.data_ptr<double>(), covs.data_ptr<double>(),
+                                                  out.data_ptr<double>(), m, stream));
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor exp2_probe(int64_t threads, int64_t iters) {
+  TORCH_CHECK(threads > 0 && iters > 0, "threads and iters must be positive, got ", threads, " and ", iters);
+  at::Tensor out = at::empty({threads}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+  const c10::cuda::CUDAGuard guard(out.device());
+  C10_CUDA_CHECK(microdreamer::launch_exp2_probe(out.data_ptr<float>(), threads, static_cast<int>(iters),
+                                                 c10::cuda::getCurrentCUDAStream()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("extract_fields", &extract_fields, "density field on a grid (see microdreamer.kernels.extract_fields)");
+  m.def("gaussian_3d_coeff", &gaussian_3d_coeff, "fused gaussian_3d_coeff (float64 internally)");
+  m.def("exp2_probe", &exp2_probe, "benchmark probe: threads x iters x 8 ex2.approx");
+}

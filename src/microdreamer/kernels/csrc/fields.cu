@@ -1,0 +1,466 @@
+// Density-field kernels: per-Gaussian setup, tile binning, the tiled "fast" kernel and the
+// one-thread-per-voxel "naive" baseline. Semantics: microdreamer/field/common.py (the float64
+// reference in field/reference.py defines them); launchers are declared in fields.h.
+//
+// Every implementation here evaluates q = |M (x - mu)|^2 in the column form
+//     q = A (z - zc)^2 + Q2(dx, dy),   Q2 = (l11 dx + l12 dy)^2 + (l22 dy)^2,   zc = mu_z + g1 dx + g2 dy
+// (dx = x - mu_x, dy = y - mu_y; A, l.., g.. from M in float64 by the setup kernel): a sum of squares
+// whose float32 rounding stays relative as long as the Gaussian is not too thin against its own box
+// (the class test below); thinner Gaussians take a float64 path ("precise").
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "fields.h"
+
+namespace microdreamer {
+namespace {
+
+constexpr float kK = 0.72134752044448170f;  // 0.5 * log2(e): o exp(-q / 2) = 2^(log2 o - K q)
+constexpr double kKd = 0.72134752044448170;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kTileXY = 16;  // fast kernel: 16 x 16 columns per block, 8 warps of 8 x 4 columns
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------
+// setup: one thread per Gaussian
+// ---------------------------------------------------------------------------------------------
+
+__device__ void upstream_range(double mu, const double* lower, const double* upper, int nb, int t, int r,
+                               int* lo, int* hi) {
+  // first b with upper[b] > mu, last b with lower[b] < mu (both arrays ascending)
+  int a = 0, b = nb;
+  while (a < b) {
+    const int m = (a + b) >> 1;
+    if (upper[m] > mu) b = m; else a = m + 1;
+  }
+  const int first = a;
+  a = 0; b = nb;
+  while (a < b) {
+    const int m = (a + b) >> 1;
+    if (lower[m] < mu) a = m + 1; else b = m;
+  }
+  const int last = a - 1;
+  if (first > last) {
+    *lo = 1; *hi = 0;
+    return;
+  }
+  *lo = first * t;
+  *hi = min(last * t + t - 1, r - 1);
+}
+
+__device__ void exact_range(double mu, double rad, double h, int r, int* lo, int* hi) {
+  // voxels whose coordinate -1 + k h can lie within [mu - rad, mu + rad]; 1e-3 voxel of slack covers
+  // the float32 rounding of the grid table
+  double flo = (mu - rad + 1.0) / h - 1e-3;
+  double fhi = (mu + rad + 1.0) / h + 1e-3;
+  if (!(flo <= fhi) || fhi < 0.0 || flo > r - 1.0) {  // also catches NaN
+    *lo = 1; *hi = 0;
+    return;
+  }
+  flo = fmax(flo, 0.0);
+  fhi = fmin(fhi, r - 1.0);
+  *lo = static_cast<int>(ceil(flo));
+  *hi = static_cast<int>(floor(fhi));
+}
+
+__global__ void setup_kernel(const SetupArgs a) {
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double mu[3], rad[3], m[9];
+    for (int k = 0; k < 3; ++k) {
+      mu[k] = a.means[g * 3 + k];
+      rad[k] = a.radii[g * 3 + k];
+    }
+    for (int k = 0; k < 9; ++k) m[k] = a.transforms[g * 9 + k];
+    const double o = a.opacities[g];
+    int lo[3], hi[3];
+    bool empty = false;
+    for (int k = 0; k < 3; ++k) {
+      if (a.exact) exact_range(mu[k], rad[k], a.h, a.resolution, &lo[k], &hi[k]);
+      else upstream_range(mu[k], a.lower, a.upper, a.num_blocks_axis, a.block_voxels, a.resolution, &lo[k], &hi[k]);
+      empty = empty || lo[k] > hi[k];
+    }
+    // columns of M: u = m1 dx + m2 dy + m3 dz
+    const double m1[3] = {m[0], m[3], m[6]}, m2[3] = {m[1], m[4], m[7]}, m3[3] = {m[2], m[5], m[8]};
+    const double A = m3[0] * m3[0] + m3[1] * m3[1] + m3[2] * m3[2];
+    const double g1 = -(m3[0] * m1[0] + m3[1] * m1[1] + m3[2] * m1[2]) / A;
+    const double g2 = -(m3[0] * m2[0] + m3[1] * m2[1] + m3[2] * m2[2]) / A;
+    double va[3], vb[3];
+    for (int k = 0; k < 3; ++k) {
+      va[k] = m1[k] + g1 * m3[k];  // parts of m1, m2 orthogonal to m3
+      vb[k] = m2[k] + g2 * m3[k];
+    }
+    const double l11 = sqrt(va[0] * va[0] + va[1] * va[1] + va[2] * va[2]);
+    const double ab = va[0] * vb[0] + va[1] * vb[1] + va[2] * vb[2];
+    const double l12 = l11 > 0.0 ? ab / l11 : 0.0;
+    const double f = l11 > 0.0 ? ab / (l11 * l11) : 0.0;
+    double l22 = 0.0;
+    for (int k = 0; k < 3; ++k) {
+      const double w = vb[k] - f * va[k];
+      l22 += w * w;
+    }
+    l22 = sqrt(l22);
+    const double log2o = log2(o);
+    const bool finite = isfinite(A) && A > 0.0 && isfinite(g1) && isfinite(g2) && isfinite(l11) &&
+                        isfinite(l12) && isfinite(l22);
+    empty = empty || !finite;
+    // float32 conditioning: the absolute rounding of u1, of zc and of z - mu_z over the cutoff box,
+    // in units of the Gaussian's own spread (an isotropic Gaussian scores c)
+    const double c = sqrt(a.cutoff_sq);
+    const double sa = sqrt(A);
+    const double b1 = fabs(l11) * rad[0] + fabs(l12) * rad[1];
+    const double bm = (fabs(g1) * rad[0] + fabs(g2) * rad[1]) * sa;
+    const double bz = rad[2] * sa;
+    const bool well = b1 <= 8.0 * c && bm <= 8.0 * c && bz <= 8.0 * c && A < 1e30 && l11 < 1e15 && l22 < 1e15;
+    // the z recurrence needs sigma_{z|xy} >= 2 voxels (A h^2 <= 1/4): see NOTES_fields.md
+    const int cls = empty ? kEmpty : (!well ? kPrecise : ((a.exact && A * a.h * a.h <= 0.25) ? kRecur : kDirect));
+    float* p = a.params + g * kParamWords;
+    p[0] = static_cast<float>(mu[0]);
+    p[1] = static_cast<float>(mu[1]);
+    p[2] = static_cast<float>(mu[2]);
+    p[3] = static_cast<float>(l11);
+    p[4] = static_cast<float>(l12);
+    p[5] = static_cast<float>(l22);
+    p[6] = static_cast<float>(g1);
+    p[7] = static_cast<float>(g2);
+    p[8] = static_cast<float>(A);
+    p[9] = static_cast<float>(log2o);
+    p[10] = static_cast<float>(exp2(-2.0 * kKd * A * a.h * a.h));
+    p[11] = static_cast<float>(o * a.cutoff_tol);
+    int* pi = reinterpret_cast<int*>(p);
+    pi[12] = cls;
+    if (cls == kEmpty) {
+      for (int k = 0; k < 3; ++k) { lo[k] = 1; hi[k] = 0; }
+    }
+    pi[13] = lo[0]; pi[14] = hi[0]; pi[15] = lo[1];
+    pi[16] = hi[1]; pi[17] = lo[2]; pi[18] = hi[2];
+    pi[19] = static_cast<int>(g);
+    double* d = a.precise + g * kPreciseWords;
+    d[0] = l11; d[1] = l12; d[2] = l22; d[3] = g1; d[4] = g2; d[5] = A; d[6] = log2o; d[7] = 0.0;
+    if (a.tile_counts != nullptr && cls != kEmpty) {
+      for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
+        for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
+          for (int tx = lo[0] / a.tile_x; tx <= hi[0] / a.tile_x; ++tx)
+            atomicAdd(a.tile_counts + (static_cast<int64_t>(tz) * a.nty + ty) * a.ntx + tx, 1);
+    }
+  }
+}
+
+__global__ void fill_kernel(const FillArgs a) {
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int* pi = reinterpret_cast<const int*>(a.params + g * kParamWords);
+    if (pi[12] == kEmpty) continue;
+    const int tz0 = max(pi[17] / a.tile_z, a.tz_begin), tz1 = min(pi[18] / a.tile_z, a.tz_end - 1);
+    for (int tz = tz0; tz <= tz1; ++tz)
+      for (int ty = pi[15] / a.tile_y; ty <= pi[16] / a.tile_y; ++ty)
+        for (int tx = pi[13] / a.tile_x; tx <= pi[14] / a.tile_x; ++tx) {
+          const int64_t t = (static_cast<int64_t>(tz) * a.nty + ty) * a.ntx + tx;
+          const int old = atomicSub(a.tile_cursor + t, 1);
+          a.list[a.tile_end[t] - old - a.base] = static_cast<int>(g);
+        }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fast kernel: one block per 16 x 16 x (8 * NCH) tile, one thread per column of the tile holding
+// 8 * NCH accumulators in registers; warps own 8 x 4 column footprints
+// ---------------------------------------------------------------------------------------------
+
+// Can Gaussian s touch the warp footprint [fi0, fi0 + 8) x [fj0, fj0 + 4) x [k0, k0 + TZ)?
+// Conservative: its voxel box, then (exact mode) the minimum of Q2 over the footprint's xy rectangle.
+template <bool EXACT, int TZ>
+__device__ __forceinline__ bool cull(const float4* s, int fi0, int fj0, int k0, float fx0, float fx1, float fy0,
+                                     float fy1, float cutoff_sq) {
+  const float4 p3 = s[3], p4 = s[4];
+  const int cls = __float_as_int(p3.x);
+  const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
+  const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
+  if (cls == kEmpty) return false;
+  if (hix < fi0 || lox > fi0 + 7 || hiy < fj0 || loy > fj0 + 3 || hiz < k0 || loz > k0 + TZ - 1) return false;
+  if (!EXACT || cls == kPrecise) return true;
+  const float4 p0 = s[0], p1 = s[1];
+  const float l11 = p0.w, l12 = p1.x, l22 = p1.y;
+  const float x0 = fx0 - p0.x, x1 = fx1 - p0.x, y0 = fy0 - p0.y, y1 = fy1 - p0.y;
+  if (x0 <= 0.f && x1 >= 0.f && y0 <= 0.f && y1 >= 0.f) return true;
+  const float s11 = l11 * l11, s12 = l11 * l12, s22 = fmaf(l12, l12, l22 * l22);
+  float best = INFINITY;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float x = e ? x1 : x0;
+    const float y = fminf(fmaxf(-s12 * x / s22, y0), y1);
+    const float u1 = fmaf(l11, x, l12 * y), u2 = l22 * y;
+    best = fminf(best, fmaf(u1, u1, u2 * u2));
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float y = e ? y1 : y0;
+    const float x = fminf(fmaxf(-s12 * y / s11, x0), x1);
+    const float u1 = fmaf(l11, x, l12 * y), u2 = l22 * y;
+    best = fminf(best, fmaf(u1, u1, u2 * u2));
+  }
+  return best <= cutoff_sq * 1.001f + 1e-3f;
+}
+
+template <int NCH, bool EXACT>
+__device__ __forceinline__ void process_precise(const float4* s, const FastArgs& a, int i, int j, int k0, float xi,
+                                                float yj, const float (&zk)[8 * NCH], float (&acc)[8 * NCH]) {
+  const float4 p0 = s[0], p3 = s[3], p4 = s[4];
+  const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
+  const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
+  const double* d = a.precise + static_cast<int64_t>(__float_as_int(p4.w)) * kPreciseWords;
+  const double l11 = d[0], l12 = d[1], l22 = d[2], g1 = d[3], g2 = d[4], A = d[5], log2o = d[6];
+  const double dx = static_cast<double>(xi) - p0.x, dy = static_cast<double>(yj) - p0.y;
+  const double muz = p0.z;
+  const double u1 = fma(l11, dx, l12 * dy), u2 = l22 * dy;
+  const double q2 = fma(u1, u1, u2 * u2), m = fma(g1, dx, g2 * dy);
+  const bool colok = EXACT || ((unsigned)(i - lox) <= (unsigned)(hix - lox) && (unsigned)(j - loy) <= (unsigned)(hiy - loy));
+#pragma unroll
+  for (int c = 0; c < NCH; ++c) {
+    const int kc = k0 + 8 * c;
+    if (kc > hiz || kc + 7 < loz) continue;
+    if (EXACT) {
+      const double t0 = (static_cast<double>(zk[8 * c]) - muz) - m;
+      const double t7 = (static_cast<double>(zk[8 * c + 7]) - muz) - m;
+      const double tc = fmax(t0, fmin(t7, 0.0));
+      if (!__any_sync(kFull, fma(A * tc, tc, q2) <= a.cutoff_sq_d)) continue;
+    }
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int k = kc + jj;
+      const double t = (static_cast<double>(zk[8 * c + jj]) - muz) - m;
+      const double q = fma(A * t, t, q2);
+      const float e = static_cast<float>(fma(-kKd, q, log2o));
+      if (EXACT) {
+        if (q <= a.cutoff_sq_d) acc[8 * c + jj] += ex2(e);
+      } else {
+        if (colok && k >= loz && k <= hiz) acc[8 * c + jj] += ex2(e);
+      }
+    }
+  }
+}
+
+template <int NCH, bool EXACT>
+__device__ __forceinline__ void process(const float4* s, const FastArgs& a, int i, int j, int k0, float xi, float yj,
+                                        const float (&zk)[8 * NCH], const float (&h1)[NCH], float (&acc)[8 * NCH]) {
+  const float4 p3 = s[3];
+  const int cls = __float_as_int(p3.x);
+  if (cls == kPrecise) {
+    process_precise<NCH, EXACT>(s, a, i, j, k0, xi, yj, zk, acc);
+    return;
+  }
+  const float4 p0 = s[0], p1 = s[1], p2 = s[2], p4 = s[4];
+  const float mux = p0.x, muy = p0.y, muz = p0.z, l11 = p0.w, l12 = p1.x, l22 = p1.y, g1 = p1.z, g2 = p1.w;
+  const float A = p2.x, log2o = p2.y, gfac = p2.z, thr = p2.w;
+  const int loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
+  const float dx = xi - mux, dy = yj - muy;
+  const float u1 = fmaf(l11, dx, l12 * dy), u2 = l22 * dy;
+  const float q2 = fmaf(u1, u1, u2 * u2);
+  const float m = fmaf(g1, dx, g2 * dy);
+  const float nka = -kK * A;
+  const float lc = fmaf(-kK, q2, log2o);  // log2 of the column's peak value
+  if (EXACT && cls == kRecur) {
+    // along z the value is a Gaussian in k: v_{k+1} = v_k r_k, r_{k+1} = r_k gfac; anchored with two
+    // exponentials at each 8-voxel chunk
+#pragma unroll
+    for (int c = 0; c < NCH; ++c) {
+      const int kc = k0 + 8 * c;
+      if (kc > hiz || kc + 7 < loz) continue;
+      const float t0 = (zk[8 * c] - muz) - m, t7 = (zk[8 * c + 7] - muz) - m;
+      const float tc = fmaxf(t0, fminf(t7, 0.f));
+      if (!__any_sync(kFull, fmaf(A * tc, tc, q2) <= a.cutoff_sq * 1.0001f)) continue;
+      float v = ex2(fmaf(nka * t0, t0, lc));
+      float r = ex2(fminf(nka * h1[c] * fmaf(2.f, t0, h1[c]), 64.f));
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        if (v >= thr) acc[8 * c + jj] += v;
+        v *= r;
+        r *= gfac;
+      }
+    }
+    return;
+  }
+  if (EXACT) {
+    const float lcut = fmaf(-kK, a.cutoff_sq, log2o);
+#pragma unroll
+    for (int c = 0; c < NCH; ++c) {
+      const int kc = k0 + 8 * c;
+      if (kc > hiz || kc + 7 < loz) continue;
+      const float t0 = (zk[8 * c] - muz) - m, t7 = (zk[8 * c + 7] - muz) - m;
+      const float tc = fmaxf(t0, fminf(t7, 0.f));
+      if (!__any_sync(kFull, fmaf(A * tc, tc, q2) <= a.cutoff_sq * 1.0001f)) continue;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const float t = (zk[8 * c + jj] - muz) - m;
+        const float e = fmaf(nka * t, t, lc);
+        if (e >= lcut) acc[8 * c + jj] += ex2(e);
+      }
+    }
+    return;
+  }
+  // upstream: the voxel counts iff it lies in one of the Gaussian's blocks on all three axes
+  const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
+  const int hiy = __float_as_int(p4.x);
+  const bool colok = (unsigned)(i - lox) <= (unsigned)(hix - lox) && (unsigned)(j - loy) <= (unsigned)(hiy - loy);
+#pragma unroll
+  for (int c = 0; c < NCH; ++c) {
+    const int kc = k0 + 8 * c;
+    if (kc > hiz || kc + 7 < loz) continue;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int k = kc + jj;
+      const float t = (zk[8 * c + jj] - muz) - m;
+      const float e = fmaf(nka * t, t, lc);
+      if (colok && k >= loz && k <= hiz) acc[8 * c + jj] += ex2(e);
+    }
+  }
+}
+
+template <int NCH, bool EXACT>
+__global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
+  constexpr int TZ = 8 * NCH;
+  __shared__ float4 s_par[256 * 5];
+  const int tile = a.tile0 + blockIdx.x;
+  const int tx = tile % a.ntx, rest = tile / a.ntx;
+  const int ty = rest % a.nty, tz = rest / a.nty;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int fi0 = tx * kTileXY + (warp & 1) * 8;
+  const int fj0 = ty * kTileXY + (warp >> 1) * 4;
+  const int i = fi0 + (lane & 7), j = fj0 + (lane >> 3);
+  const int k0 = tz * TZ;
+  const int r = a.resolution;
+  const float xi = a.axis[i], yj = a.axis[j];
+  const float fx0 = a.axis[fi0], fx1 = a.axis[fi0 + 7], fy0 = a.axis[fj0], fy1 = a.axis[fj0 + 3];
+  float zk[TZ], acc[TZ], h1[NCH];
+#pragma unroll
+  for (int kk = 0; kk < TZ; ++kk) {
+    zk[kk] = a.axis[k0 + kk];
+    acc[kk] = 0.f;
+  }
+#pragma unroll
+  for (int c = 0; c < NCH; ++c) h1[c] = zk[8 * c + 1] - zk[8 * c];
+  const int64_t start = (tile == 0 ? 0 : a.tile_end[tile - 1]) - a.base;
+  const int64_t end = a.tile_end[tile] - a.base;
+  const float4* params = reinterpret_cast<const float4*>(a.params);
+  for (int64_t b = start; b < end; b += 256) {
+    const int nb = static_cast<int>(min(static_cast<int64_t>(256), end - b));
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < nb) {
+      const int64_t g = a.list[b + threadIdx.x];
+#pragma unroll
+      for (int q = 0; q < 5; ++q) s_par[threadIdx.x * 5 + q] = __ldg(params + g * 5 + q);
+    }
+    __syncthreads();
+    for (int sb = 0; sb < nb; sb += 32) {
+      const int gl = sb + lane;
+      const bool pass = gl < nb && cull<EXACT, TZ>(s_par + gl * 5, fi0, fj0, k0, fx0, fx1, fy0, fy1, a.cutoff_sq);
+      unsigned mask = __ballot_sync(kFull, pass);
+      while (mask) {
+        const int bit = __ffs(mask) - 1;
+        mask &= mask - 1;
+        process<NCH, EXACT>(s_par + (sb + bit) * 5, a, i, j, k0, xi, yj, zk, h1, acc);
+      }
+    }
+  }
+  if (i < r && j < r) {
+    float* dst = a.out + (static_cast<int64_t>(i) * r + j) * r + k0;
+    if (a.out_aligned && k0 + TZ <= r && (r & 3) == 0) {
+#pragma unroll
+      for (int kk = 0; kk < TZ; kk += 4)
+        *reinterpret_cast<float4*>(dst + kk) = make_float4(acc[kk], acc[kk + 1], acc[kk + 2], acc[kk + 3]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < TZ; ++kk)
+        if (k0 + kk < r) dst[kk] = acc[kk];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// naive kernel: one thread per voxel, every Gaussian, axis-aligned range cull
+// ---------------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(256) naive_kernel(const NaiveArgs a) {
+  const int64_t r = a.resolution;
+  const int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (v >= r * r * r) return;
+  const int k = static_cast<int>(v % r), j = static_cast<int>((v / r) % r), i = static_cast<int>(v / (r * r));
+  const float x = a.axis[i], y = a.axis[j], z = a.axis[k];
+  const float4* params = reinterpret_cast<const float4*>(a.params);
+  float acc = 0.f;
+  for (int64_t g = 0; g < a.n; ++g) {
+    const float4 p3 = __ldg(params + g * 5 + 3), p4 = __ldg(params + g * 5 + 4);
+    if (i < __float_as_int(p3.y) || i > __float_as_int(p3.z) || j < __float_as_int(p3.w) ||
+        j > __float_as_int(p4.x) || k < __float_as_int(p4.y) || k > __float_as_int(p4.z))
+      continue;
+    const float4 p0 = __ldg(params + g * 5);
+    if (__float_as_int(p3.x) == kPrecise) {
+      const double* d = a.precise + g * kPreciseWords;
+      const double dx = static_cast<double>(x) - p0.x, dy = static_cast<double>(y) - p0.y;
+      const double u1 = fma(d[0], dx, d[1] * dy), u2 = d[2] * dy;
+      const double t = (static_cast<double>(z) - p0.z) - fma(d[3], dx, d[4] * dy);
+      const double q = fma(d[5] * t, t, fma(u1, u1, u2 * u2));
+      if (!a.exact || q <= a.cutoff_sq_d) acc += ex2(static_cast<float>(fma(-kKd, q, d[6])));
+      continue;
+    }
+    const float4 p1 = __ldg(params + g * 5 + 1), p2 = __ldg(params + g * 5 + 2);
+    const float dx = x - p0.x, dy = y - p0.y;
+    const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
+    const float t = (z - p0.z) - fmaf(p1.z, dx, p1.w * dy);
+    const float q = fmaf(p2.x * t, t, fmaf(u1, u1, u2 * u2));
+    if (!a.exact || q <= a.cutoff_sq) acc += ex2(fmaf(-kK, q, p2.y));
+  }
+  a.out[v] = acc;
+}
+
+int blocks_for(int64_t n, int threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+}  // namespace
+
+cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream) {
+  setup_kernel<<<blocks_for(a.n, 256), 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fill(const FillArgs& a, cudaStream_t stream) {
+  fill_kernel<<<blocks_for(a.n, 256), 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles, cudaStream_t stream) {
+  if (num_tiles <= 0) return cudaSuccess;
+  const dim3 grid(num_tiles), block(256);
+  if (exact) {
+    switch (chunks) {
+      case 1: fast_kernel<1, true><<<grid, block, 0, stream>>>(a); break;
+      case 2: fast_kernel<2, true><<<grid, block, 0, stream>>>(a); break;
+      case 4: fast_kernel<4, true><<<grid, block, 0, stream>>>(a); break;
+      default: return cudaErrorInvalidValue;
+    }
+  } else {
+    switch (chunks) {
+      case 1: fast_kernel<1, false><<<grid, block, 0, stream>>>(a); break;
+      case 2: fast_kernel<2, false><<<grid, block, 0, stream>>>(a); break;
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_naive(const NaiveArgs& a, cudaStream_t stream) {
+  const int64_t r = a.resolution;
+  const int64_t blocks = (r * r * r + 255) / 256;
+  naive_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace microdreamer

@@ -1,0 +1,103 @@
+// Launchers of the density-field kernels (plain C++ interface: raw device pointers and a stream).
+// Nothing here depends on PyTorch; bindings.cpp checks tensors and calls these on the current stream.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace microdreamer {
+
+// Per-Gaussian parameters packed for the kernels: 20 words (80 bytes, five 16-byte vectors).
+//   [0..2]  mean (x, y, z)
+//   [3..5]  l11, l12, l22: q restricted to a column is A (z - zc)^2 + (l11 dx + l12 dy)^2 + (l22 dy)^2
+//   [6..7]  g1, g2: the conditional centre zc = mu_z + g1 dx + g2 dy
+//   [8]     A = P_zz (the precision's zz entry), [9] log2(opacity)
+//   [10]    gfac = 2^(-2 K A h^2) (recurrence step factor), [11] thr = opacity * cutoff_tol
+//   [12]    class (int): kRecur, kDirect, kPrecise, kEmpty
+//   [13..18] voxel index ranges lo_x, hi_x, lo_y, hi_y, lo_z, hi_z (int; exact: the cutoff box,
+//            upstream: the union of the blocks whose grown box holds the centre)
+//   [19]    spare
+constexpr int kParamWords = 20;
+// Double-precision coefficients for the kPrecise class: l11, l12, l22, g1, g2, A, log2(opacity), spare.
+constexpr int kPreciseWords = 8;
+
+enum GaussClass : int { kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3 };
+
+struct SetupArgs {
+  const float* means;       // [N, 3]
+  const float* opacities;   // [N]
+  const float* transforms;  // [N, 3, 3] row-major whitening transforms M
+  const float* radii;       // [N, 3] half-extents of the cutoff box
+  int64_t n;
+  int resolution;           // R
+  bool exact;               // exact mode (else upstream)
+  double h;                 // grid spacing 2 / (R - 1)
+  double cutoff_sq;         // c^2
+  double cutoff_tol;        // terms below cutoff_tol * opacity are dropped (exact mode)
+  int block_voxels;         // upstream: T
+  int num_blocks_axis;      // upstream: B = ceil(R / T)
+  const double* lower;      // upstream: [B] block bounds (strict)
+  const double* upper;      // upstream: [B]
+  // binning (tile_counts == nullptr: no binning, e.g. for the naive kernel)
+  int tile_x, tile_y, tile_z;     // tile size in voxels
+  int ntx, nty, ntz;              // tiles per axis
+  int* tile_counts;               // [ntx * nty * ntz], incremented
+  float* params;                  // [N, kParamWords] out
+  double* precise;                // [N, kPreciseWords] out
+};
+
+struct FillArgs {
+  const float* params;
+  int64_t n;
+  int tile_x, tile_y, tile_z, ntx, nty, ntz;
+  int tz_begin, tz_end;           // only tiles with tz in [tz_begin, tz_end)
+  int* tile_cursor;               // [tiles] remaining count per tile (decremented)
+  const int64_t* tile_end;        // [tiles] inclusive prefix sums of the counts
+  int64_t base;                   // list position of the first entry of tile (0, 0, tz_begin)
+  int* list;                      // [entries of this chunk] Gaussian indices
+};
+
+struct FastArgs {
+  const float* params;
+  const double* precise;
+  const int* list;
+  const int64_t* tile_end;        // inclusive prefix sums over all tiles
+  int64_t base;
+  int tile0;                      // first tile of this launch (tile index, z-major)
+  int ntx, nty, ntz;
+  int resolution;
+  const float* axis;              // [>= max tile extent] grid coordinates, extended past R - 1
+  float cutoff_sq;
+  double cutoff_sq_d;
+  float* out;                     // [R, R, R]
+  bool out_aligned;               // out is 16-byte aligned (vector stores allowed when R % 4 == 0)
+};
+
+struct NaiveArgs {
+  const float* params;
+  const double* precise;
+  int64_t n;
+  int resolution;
+  bool exact;
+  const float* axis;
+  float cutoff_sq;
+  double cutoff_sq_d;
+  float* out;
+};
+
+cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream);
+cudaError_t launch_fill(const FillArgs& a, cudaStream_t stream);
+// chunks: 8-voxel chunks per thread along z (tile_z = 8 * chunks); supported: 1, 2, 4.
+cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles, cudaStream_t stream);
+cudaError_t launch_naive(const NaiveArgs& a, cudaStream_t stream);
+
+// gaussian_3d_coeff: out[m] = exp(-0.5 d^T Sigma^-1 d) (analytic inverse, +1e-24 on the determinant,
+// positive exponent -> 0), computed in float64.
+cudaError_t launch_coeff_f32(const float* xyz, const float* cov, float* out, int64_t m, cudaStream_t stream);
+cudaError_t launch_coeff_f64(const double* xyz, const double* cov, double* out, int64_t m, cudaStream_t stream);
+
+// Benchmark probe: each of `threads` threads evaluates `iters` x 8 independent ex2.approx; out[threads].
+cudaError_t launch_exp2_probe(float* out, int64_t threads, int iters, cudaStream_t stream);
+
+}  // namespace microdreamer
