@@ -118,8 +118,8 @@ def _reconstruction_train_config() -> TrainConfig:
         densify_start_iter=100,
         densify_end_iter=1200,
         densify_interval=100,
-        densify_grad_threshold=0.01,
         opacity_reset_interval=0,
+        max_gaussians=500_000,
         lambda_alpha=1.0,
         random_background=True,
     )
@@ -132,11 +132,16 @@ class ReconstructConfig:
     Attributes:
         train: the optimisation settings; the defaults differ from MicroDreamer's (which are tuned
             for 500 steps against a diffusion prior) in: a 2000-step position schedule, densification
-            from step 100 to 1200, no opacity reset, an alpha term and random backgrounds.
+            from step 100 to 1200 (threshold: see ``densify_grad_threshold_3dgs``) capped at 500k
+            Gaussians, no opacity reset, an alpha term and random backgrounds.
         iters: optimisation steps.
         batch_views: views rendered per step (MicroDreamer renders 6).
         eval_background: background of the held-out evaluation renders and targets (PSNR, SSIM).
         log_every: update the progress bar's loss every this many steps.
+        densify_grad_threshold_3dgs: if set, replaces ``train.densify_grad_threshold`` by this
+            threshold in 3DGS's convention (a per-view mean L1 loss; 3DGS uses 0.0002) converted to
+            our per-view L1 sum: times ``H * W * 3 / batch_views``. MicroDreamer's 0.01 on 256^2
+            views is ~3e-7 in that convention (it densifies nearly every Gaussian, three times).
     """
 
     train: TrainConfig = field(default_factory=_reconstruction_train_config)
@@ -144,6 +149,7 @@ class ReconstructConfig:
     batch_views: int = 6
     eval_background: tuple[float, float, float] = (1.0, 1.0, 1.0)
     log_every: int = 25
+    densify_grad_threshold_3dgs: float | None = 0.0002
 
     def __post_init__(self) -> None:
         if self.iters < 0:

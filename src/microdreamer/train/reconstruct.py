@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -45,7 +45,8 @@ def reconstruct(
     """Optimise a splat to reproduce posed RGBA views.
 
     Each step renders ``config.batch_views`` views drawn without replacement from a shuffled cycle
-    over all views, and takes one :meth:`GaussianTrainer.step`.
+    over all views, and takes one :meth:`GaussianTrainer.step`. The densification threshold is
+    converted from ``config.densify_grad_threshold_3dgs`` when that is set.
 
     Args:
         images: [C, H, W, 4] float straight RGBA in [0, 1] (or [C, H, W, 3] RGB).
@@ -71,6 +72,10 @@ def reconstruct(
             f"images {tuple(images.shape)} do not match {len(cameras)} cameras of {cameras.height} x {cameras.width}"
         )
     cfg = config.train
+    batch = min(config.batch_views, C)
+    if config.densify_grad_threshold_3dgs is not None:
+        scale = images.shape[1] * images.shape[2] * 3 / batch
+        cfg = replace(cfg, densify_grad_threshold=config.densify_grad_threshold_3dgs * scale)
     images = images.to(device, torch.float32)
     cameras = cameras.to(device)
     if init is None:
@@ -79,7 +84,6 @@ def reconstruct(
         )
     trainer = GaussianTrainer(init.to(device), cfg)
     g = torch.Generator().manual_seed(cfg.seed + 1)
-    batch = min(config.batch_views, C)
     order: list[int] = []
     history = []
     loss_value = float("nan")
@@ -101,6 +105,7 @@ def reconstruct(
     seconds = time.perf_counter() - t0
     stats = {
         "iters": config.iters,
+        "densify_grad_threshold": cfg.densify_grad_threshold,
         "seconds": seconds,
         "loss": loss_value,
         "num_gaussians": len(trainer),
