@@ -135,7 +135,9 @@ def save_grid(images: torch.Tensor, path: str | os.PathLike, columns: int = 4) -
     arr = (grid.numpy() * 255 + 0.5).astype("uint8")
     path = Path(path)
     with atomic_path(path) as tmp:
-        Image.fromarray(arr).save(tmp, format="PNG")
+        Image.fromarray(arr).save(
+            tmp, format="PNG", compress_level=1
+        )  # 4x faster than the default, ~20% larger
     return path
 
 

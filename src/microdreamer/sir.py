@@ -221,6 +221,7 @@ def run_sir(
     noise_gen = torch.Generator(device=getattr(prior, "device", device)).manual_seed(config.seed + 1)
 
     C = config.views
+    white = torch.tensor(WHITE, device=device)  # a device tensor: no host-to-device copy per step
     ref_target = ref.straight_rgba().to(device)[None]  # [1, S, S, 4]
     rgb_w = torch.tensor([config.lambda_views / C] * C + [config.lambda_ref_rgb], device=device)
     alpha_w = torch.tensor([0.0] * C + [config.lambda_ref_mask], device=device)
@@ -235,7 +236,7 @@ def run_sir(
             with timer.stage("render"), torch.no_grad():
                 from microdreamer.render import render
 
-                out = render(trainer.splat.detach(), cams[:C], background=WHITE, backend=trainer.backend)
+                out = render(trainer.splat.detach(), cams[:C], background=white, backend=trainer.backend)
                 images = out.rgb.permute(0, 3, 1, 2).contiguous()
         with timer.stage("diffusion"):
             targets = prior.refine(images, views, t_stop, noise_gen).to(device).float()  # [C, 3, S, S]
@@ -247,7 +248,7 @@ def run_sir(
         losses = None
         with timer.stage("reconstruction"):
             for _ in range(steps):
-                losses = trainer.step(tgt, cams, background=WHITE, rgb_weights=rgb_w, alpha_weights=alpha_w)
+                losses = trainer.step(tgt, cams, background=white, rgb_weights=rgb_w, alpha_weights=alpha_w)
         history.append({"t_stop": t_stop, "loss": None if losses is None else losses["loss"]})
         if progress is not None:
             progress((k + 1) / config.iterations)

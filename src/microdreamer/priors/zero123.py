@@ -24,6 +24,7 @@ cache with ``local_files_only=True``. diffusers and transformers are imported on
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -60,6 +61,10 @@ class Zero123Config:
         dtype: "auto" (float16 on CUDA, float32 on the CPU), "float16", "bfloat16" or "float32".
         cuda_graphs: replay the UNet from CUDA graphs (one per batch size) instead of launching its
             kernels one by one from Python; CUDA only.
+        channels_last: keep the UNet's and the VAE's activations in NHWC (the tensor cores' layout;
+            also saves the transposes around each attention block); CUDA only.
+        cudnn_benchmark: let cuDNN time its convolution algorithms for each shape the first time it
+            sees it (inside the prior's calls only); CUDA only.
         hf_cache_dir: the Hugging Face cache to look repo ids up in (None: the default one).
         ddim: the DDIM schedule.
     """
@@ -72,6 +77,8 @@ class Zero123Config:
     image_size: int = 256
     dtype: str = "auto"
     cuda_graphs: bool = True
+    channels_last: bool = True
+    cudnn_benchmark: bool = True
     hf_cache_dir: str | None = None
     ddim: DDIMConfig = field(default_factory=DDIMConfig)
 
@@ -317,6 +324,17 @@ class _UNetRunner:
 
 
 # ---------------------------------------------------------------------------------------------- prior
+def _with_cudnn_flags(method):
+    """Run a :class:`Zero123Prior` method under its cuDNN settings (:meth:`Zero123Prior._cudnn`)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._cudnn():
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class Zero123Prior(Prior):
     """Zero123 (or Stable-Zero123) refining C renders into C targets: MicroDreamer's hybrid forward
     process (noise to t1, DDIM inversion t1 -> t2) then DDIM sampling t2 -> 0 with guidance.
@@ -341,7 +359,11 @@ class Zero123Prior(Prior):
         self.ddim = DDIMRoundTrip(self.config.ddim)
         self.latent_scale = float(self.nets.vae.config.scaling_factor)
         self.vae_factor = 2 ** (len(self.nets.vae.config.block_out_channels) - 1)
-        self.unet = _UNetRunner(self.nets.unet, self.config.cuda_graphs and self.device.type == "cuda")
+        on_cuda = self.device.type == "cuda"
+        if on_cuda and self.config.channels_last:
+            self.nets.unet.to(memory_format=torch.channels_last)
+            self.nets.vae.to(memory_format=torch.channels_last)
+        self.unet = _UNetRunner(self.nets.unet, self.config.cuda_graphs and on_cuda)
         self.clip_embedding: torch.Tensor | None = None  # [1, 1, D]
         self.reference_latent: torch.Tensor | None = None  # [1, 4, h, w]
         self.reference: Reference | None = None
@@ -365,6 +387,15 @@ class Zero123Prior(Prior):
         return "stable-zero123" if "stable" in str(self.config.model).lower() else "zero123-xl"
 
     # ------------------------------------------------------------------ conditioning
+    def _cudnn(self):
+        """cuDNN settings of the prior's calls: autotuning on (CUDA, ``cudnn_benchmark``), the rest as is."""
+        import torch.backends.cudnn as cudnn
+
+        bench = self.device.type == "cuda" and self.config.cudnn_benchmark
+        return cudnn.flags(enabled=cudnn.enabled, benchmark=bench or cudnn.benchmark,
+                           deterministic=cudnn.deterministic, allow_tf32=cudnn.allow_tf32)  # fmt: skip
+
+    @_with_cudnn_flags
     @torch.no_grad()
     def set_reference(self, reference: Reference) -> None:
         """CLIP image embedding and VAE latent of the input view (once per generation)."""
@@ -399,12 +430,14 @@ class Zero123Prior(Prior):
             images, (s, s), mode="bilinear", align_corners=False, antialias=True
         )
 
+    @_with_cudnn_flags
     @torch.no_grad()
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """[C, 3, S, S] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents (the posterior's mode)."""
         x = self._resize(images.to(self.device, torch.float32)).to(self.dtype) * 2 - 1
         return self.nets.vae.encode(x).latent_dist.mode().float() * self.latent_scale
 
+    @_with_cudnn_flags
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """[C, 4, h, w] scaled latents -> [C, 3, S, S] float32 images in [0, 1]."""
@@ -440,6 +473,7 @@ class Zero123Prior(Prior):
         return eps
 
     # ------------------------------------------------------------------ refine
+    @_with_cudnn_flags
     @torch.no_grad()
     def refine(self, images, views, t_stop, generator=None) -> torch.Tensor:
         """See :meth:`Prior.refine`; ``generator`` must live on the prior's device."""
@@ -464,6 +498,7 @@ class Zero123Prior(Prior):
             )
         return targets
 
+    @_with_cudnn_flags
     @torch.no_grad()
     def warmup(self, views: int) -> None:
         """Run every network once at the shapes of a C-view refinement (cuDNN and cuBLAS choices) and
