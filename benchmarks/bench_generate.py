@@ -125,6 +125,39 @@ def load_prior(args, device: torch.device, cfg: GenerateConfig):
     return prior
 
 
+def time_prior_parts(prior, views: int, reps: int = 20) -> dict:
+    """Median milliseconds (CUDA events) of one guided UNet call (batch 2C), one unconditional call
+    (batch C), one VAE encode and one VAE decode of C views, as the SIR loop makes them."""
+    if prior.device.type != "cuda":
+        return {}
+    C, s = views, prior.image_size
+    h = s // prior.vae_factor
+    d = prior.nets.camera_projection.out_features
+    x2 = torch.randn(2 * C, 8, h, h, device=prior.device, dtype=prior.dtype)
+    c2 = torch.randn(2 * C, 1, d, device=prior.device, dtype=prior.dtype)
+    imgs = torch.rand(C, 3, s, s, device=prior.device)
+    lat = prior.encode(imgs)
+    parts = {
+        "unet_guided_batch_2C": lambda: prior.unet(x2, 501, c2),
+        "unet_uncond_batch_C": lambda: prior.unet(x2[:C], 501, c2[:C]),
+        "vae_encode_C": lambda: prior.encode(imgs),
+        "vae_decode_C": lambda: prior.decode(lat),
+    }
+    out = {}
+    for name, fn in parts.items():
+        fn()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        out[name] = statistics.median(times)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--random-weights", choices=["tiny", "full"], default="full")
@@ -196,6 +229,9 @@ def main() -> None:
               f"({', '.join(f'{k} {v:.3f}' for k, v in res['stages'].items())})", flush=True)  # fmt: skip
 
     walls = [r["seconds_after_load"] for r in runs]
+    calls_before = (prior.unet.calls, prior.unet.samples)
+    prior_ms = time_prior_parts(prior, cfg.sir.views)
+    prior.unet.calls, prior.unet.samples = calls_before
     result = {
         "command": "python " + shlex.join(sys.argv),
         "hardware": hardware(),
@@ -209,6 +245,7 @@ def main() -> None:
         "extension_compile_seconds": compile_s,
         "waited_for_compile_seconds": compile_wait_s,
         "runs": runs,
+        "prior_parts_median_ms": prior_ms,
         "summary": {
             "first_run_seconds_after_load": walls[0],
             "median_seconds_after_load": statistics.median(walls),
@@ -232,6 +269,8 @@ def main() -> None:
         print(f"{r['run']:>4} {r['seconds_after_load']:>10.3f}s "
               + " ".join(f"{r['stages'][n]:>13.3f}s" for n in names)
               + f" {r['prior_stats']['unet_calls']:>10} {r['num_gaussians']:>9}")  # fmt: skip
+    if prior_ms:
+        print("prior parts (median ms): " + ", ".join(f"{k} {v:.2f}" for k, v in prior_ms.items()))
     print(f"median {statistics.median(walls):.3f} s after load (target <= 6 s); JSON: {args.json}")
 
 
