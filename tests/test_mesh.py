@@ -365,6 +365,207 @@ def test_export_failure_leaves_no_partial_file(tmp_path, monkeypatch, suffix):
 
 
 # ---------------------------------------------------------------------------------------------------
+# textured meshes: uv + texture, exported as GLB (embedded PNG), OBJ + MTL + PNG, PLY (vertex colours)
+
+# the colour of each side of the cube: +x, -x, +y, -y, +z, -z
+SIDE_COLORS = np.array(
+    [[230, 20, 20], [20, 20, 230], [20, 200, 20], [230, 230, 20], [220, 20, 220], [20, 220, 220]], np.uint8
+)
+
+
+def textured_cube(cell: int = 16) -> Mesh:
+    """A unit cube (24 unshared vertices, 12 faces wound outward) whose texture is a 3 x 2 grid of
+    cells, one flat colour per side (SIDE_COLORS); each side's UVs map inside its own cell."""
+    tex = np.zeros((2 * cell, 3 * cell, 3), np.uint8)
+    verts, uvs, faces = [], [], []
+    for side in range(6):
+        axis, sign = divmod(side, 2)
+        sign = 1.0 - 2.0 * sign
+        a, b = [k for k in range(3) if k != axis]
+        row, col = divmod(side, 3)
+        tex[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell] = SIDE_COLORS[side]
+        # cell (row, col): u in [col, col + 1] / 3, v in [1 - (row + 1) / 2, 1 - row / 2], 20% margin
+        u0, u1 = (col + 0.2) / 3, (col + 0.8) / 3
+        v0, v1 = 1 - (row + 0.8) / 2, 1 - (row + 0.2) / 2
+        base = len(verts)
+        for s, t in [(-1, -1), (1, -1), (1, 1), (-1, 1)]:
+            p = np.zeros(3)
+            p[axis], p[a], p[b] = sign * 0.5, s * 0.5, t * 0.5
+            verts.append(p)
+            uvs.append([u0 + (s + 1) / 2 * (u1 - u0), v0 + (t + 1) / 2 * (v1 - v0)])
+        quad = [[0, 1, 2], [0, 2, 3]]
+        for tri in quad:
+            i, j, k = (base + q for q in tri)
+            n = np.cross(verts[j] - verts[i], verts[k] - verts[i])
+            faces.append([i, j, k] if n[axis] * sign > 0 else [i, k, j])
+    return Mesh(np.array(verts), np.array(faces), uv=np.array(uvs), texture=tex)
+
+
+def side_of_vertices(mesh: Mesh) -> np.ndarray:
+    """[V] side index (0..5: +x, -x, +y, -y, +z, -z) of each vertex of a face-unshared cube: the side
+    is the axis along which all four corners of a side agree, taken from the face's normal."""
+    tri = mesh.vertices[mesh.faces].astype(np.float64)
+    n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    axis = np.abs(n).argmax(1)
+    side_f = 2 * axis + (n[np.arange(len(n)), axis] < 0)
+    side = np.zeros(mesh.num_vertices, np.int64)
+    side[mesh.faces] = side_f[:, None]
+    return side
+
+
+def test_textured_cube_builder_is_consistent():
+    cube = textured_cube()
+    got = cube.colors_at_vertices()
+    want = SIDE_COLORS[side_of_vertices(cube)] / 255.0
+    np.testing.assert_allclose(got, want, atol=1e-6)  # UVs lie inside flat cells: exact colours
+
+
+def test_mesh_checks_texture_fields():
+    v, f = np.zeros((3, 3)), [[0, 1, 2]]
+    tex = np.zeros((4, 4, 3), np.uint8)
+    with pytest.raises(ValueError, match="together"):
+        Mesh(v, f, uv=np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="Mesh.uv has shape"):
+        Mesh(v, f, uv=np.zeros((2, 2)), texture=tex)
+    with pytest.raises(ValueError, match="uint8"):
+        Mesh(v, f, uv=np.zeros((3, 2)), texture=tex.astype(np.float32))
+    mesh = Mesh(v, f, uv=np.zeros((3, 2)), texture=tex)
+    assert mesh.has_texture and mesh.uv.dtype == np.float32
+    assert not Mesh(v, f).has_texture
+
+
+def test_sample_texture_numpy_matches_the_renderer():
+    from microdreamer.mesh.types import sample_texture_numpy
+    from microdreamer.render.mesh import sample_texture
+
+    rng = np.random.default_rng(3)
+    tex = rng.random((7, 11, 3)).astype(np.float32)
+    uv = rng.uniform(-0.5, 1.5, (200, 2)).astype(np.float32)  # outside [0, 1] too: repeat wrapping
+    ours = sample_texture_numpy(tex, uv)
+    ref = sample_texture(torch.from_numpy(tex), torch.from_numpy(uv)).numpy()
+    np.testing.assert_allclose(ours, ref, atol=1e-5)  # float64 vs float32 arithmetic
+
+
+def _read_glb(path):
+    """(json dict, binary chunk bytes) of a GLB file, parsed by hand (independent of trimesh)."""
+    import json
+    import struct
+
+    data = path.read_bytes()
+    magic, version, _ = struct.unpack("<4sII", data[:12])
+    assert magic == b"glTF" and version == 2
+    json_len, json_type = struct.unpack("<I4s", data[12:20])
+    assert json_type == b"JSON"
+    doc = json.loads(data[20 : 20 + json_len])
+    bin_len, bin_type = struct.unpack("<I4s", data[20 + json_len : 28 + json_len])
+    assert bin_type == b"BIN\x00"
+    return doc, data[28 + json_len : 28 + json_len + bin_len]
+
+
+def _accessor(doc, blob, index) -> np.ndarray:
+    acc = doc["accessors"][index]
+    view = doc["bufferViews"][acc["bufferView"]]
+    dtype = {5126: np.float32, 5125: np.uint32, 5123: np.uint16}[acc["componentType"]]
+    width = {"SCALAR": 1, "VEC2": 2, "VEC3": 3, "VEC4": 4}[acc["type"]]
+    start = view.get("byteOffset", 0) + acc.get("byteOffset", 0)
+    return np.frombuffer(blob, dtype, acc["count"] * width, start).reshape(acc["count"], width)
+
+
+def test_textured_glb_reloads_with_texture_uvs_and_orientation(tmp_path):
+    from PIL import Image
+
+    from microdreamer.cameras import orbit_cameras
+    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.render.mesh import render_mesh
+
+    cube = textured_cube()
+    path = save_mesh(cube, tmp_path / "cube.glb")
+    assert sorted(os.listdir(tmp_path)) == ["cube.glb"]
+
+    # the raw file: glTF's v points down the image, positions unchanged (glTF is y-up, as we are)
+    doc, blob = _read_glb(path)
+    prim = doc["meshes"][0]["primitives"][0]
+    np.testing.assert_array_equal(_accessor(doc, blob, prim["attributes"]["POSITION"]), cube.vertices)
+    texcoord = _accessor(doc, blob, prim["attributes"]["TEXCOORD_0"])
+    np.testing.assert_allclose(texcoord, np.stack([cube.uv[:, 0], 1 - cube.uv[:, 1]], 1), atol=1e-7)
+    assert doc["materials"][prim["material"]]["pbrMetallicRoughness"]["baseColorTexture"]["index"] == 0
+    assert doc["images"][0]["mimeType"] == "image/png"
+    assert all(np.allclose(n.get("matrix", np.eye(4).ravel()), np.eye(4).ravel()) for n in doc["nodes"])
+
+    # trimesh reload: UVs back in our convention, the same image (PNG is lossless)
+    loaded = as_trimesh(trimesh.load(path, process=False))
+    np.testing.assert_allclose(loaded.vertices, cube.vertices, atol=1e-7)
+    np.testing.assert_allclose(loaded.visual.uv, cube.uv, atol=1e-6)
+    image = np.asarray(loaded.visual.material.baseColorTexture.convert("RGB"))
+    np.testing.assert_array_equal(image, cube.texture)
+    assert isinstance(loaded.visual.material.baseColorTexture, Image.Image)
+
+    # orientation: a camera on +x sees the red side, on -x blue, above (+y) green
+    reloaded = load_textured_mesh(path)
+    cams = orbit_cameras([0.0, 0.0, -89.0], [90.0, -90.0, 0.0], 3.0, 30.0, 32, 32)
+    rgb = render_mesh(reloaded, cams).rgb
+    centre = (rgb[:, 14:18, 14:18].reshape(3, -1, 3).mean(1) * 255).numpy()
+    np.testing.assert_allclose(centre, SIDE_COLORS[[0, 1, 2]], atol=1.0)  # flat cells, nearest texel
+
+
+def test_textured_obj_writes_obj_mtl_png_that_reload(tmp_path):
+    cube = textured_cube()
+    path = save_mesh(cube, tmp_path / "cube.obj")
+    assert sorted(os.listdir(tmp_path)) == ["cube.mtl", "cube.obj", "cube.png"]
+    assert "map_Kd cube.png" in (tmp_path / "cube.mtl").read_text()
+    loaded = trimesh.load(path, process=False)
+    assert len(loaded.faces) == cube.num_faces
+    # trimesh splits/merges by (position, uv) pairs; compare per-corner values
+    np.testing.assert_allclose(loaded.vertices[loaded.faces], cube.vertices[cube.faces], atol=1e-6)
+    np.testing.assert_allclose(loaded.visual.uv[loaded.faces], cube.uv[cube.faces], atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(loaded.visual.material.image.convert("RGB")), cube.texture)
+
+
+def test_textured_ply_has_the_texture_as_vertex_colours(tmp_path):
+    cube = textured_cube()
+    path = save_mesh(cube, tmp_path / "cube.ply")
+    loaded = trimesh.load(path, process=False)
+    # seam copies merged: 8 corners; each corner averages the colours of its three sides
+    assert len(loaded.vertices) == 8 and len(loaded.faces) == 12
+    side = side_of_vertices(cube)
+    for corner in loaded.vertices:
+        copies = np.all(cube.vertices == corner, axis=1)
+        want = SIDE_COLORS[side[copies]].astype(np.float64).mean(0)
+        got = loaded.visual.vertex_colors[np.all(loaded.vertices == corner, axis=1)][0, :3]
+        np.testing.assert_allclose(got, want, atol=0.5 + 1e-6)  # rounded to 8 bits
+    faces_pos = loaded.vertices[loaded.faces]
+    np.testing.assert_allclose(
+        np.sort(faces_pos.reshape(-1, 9), 0), np.sort(cube.vertices[cube.faces].reshape(-1, 9), 0)
+    )
+
+
+@pytest.mark.parametrize("fail_at", ["png", "obj"])
+def test_textured_obj_failure_leaves_no_partial_files(tmp_path, monkeypatch, fail_at):
+    from PIL import Image
+
+    if fail_at == "png":
+        original = Image.Image.save
+
+        def save_then_fail(self, fp, *args, **kwargs):
+            original(self, fp, *args, **kwargs)
+            raise OSError("disk full")
+
+        monkeypatch.setattr(Image.Image, "save", save_then_fail)
+    else:
+        original_savetxt = np.savetxt
+
+        def savetxt_then_fail(f, *args, **kwargs):
+            original_savetxt(f, *args, **kwargs)
+            raise OSError("disk full")
+
+        monkeypatch.setattr(np, "savetxt", savetxt_then_fail)
+    (tmp_path / "keep.obj").write_text("old")
+    with pytest.raises(OSError, match="disk full"):
+        save_mesh(textured_cube(), tmp_path / "cube.obj")
+    assert os.listdir(tmp_path) == ["keep.obj"]
+
+
+# ---------------------------------------------------------------------------------------------------
 # the stage
 
 

@@ -1,10 +1,13 @@
-"""Write meshes as .glb, .obj or .ply (through trimesh), atomically."""
+"""Write meshes as .glb, .obj (+ .mtl + .png when textured) or .ply, atomically."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
+
+import numpy as np
 
 from microdreamer.errors import InputError
 from microdreamer.io_utils import atomic_path
@@ -18,13 +21,20 @@ MESH_FORMATS = (".glb", ".obj", ".ply")
 def save_mesh(mesh: Mesh, path: str | os.PathLike) -> Path:
     """Write ``mesh`` to ``path``; the format follows the suffix (case-insensitive).
 
-    * ``.ply``: binary little-endian PLY; vertex colours as uchar ``red green blue alpha``.
-    * ``.obj``: Wavefront OBJ; vertex colours as ``v x y z r g b`` (no material file).
+    * ``.ply``: binary little-endian PLY; vertex colours as uchar ``red green blue alpha``. A textured
+      mesh is written with vertex colours sampled from its texture at each vertex's UV (bilinear), and
+      the copies of a vertex made at UV seams merged back into one (their colours averaged).
+    * ``.obj``: Wavefront OBJ; vertex colours as ``v x y z r g b`` (no material file). A textured
+      mesh writes three files: ``NAME.obj`` (``v``, ``vt``, ``f a/a b/b c/c``; ``mtllib NAME.mtl``),
+      ``NAME.mtl`` (material ``material0``, ``map_Kd NAME.png``) and ``NAME.png``.
     * ``.glb``: binary glTF 2.0, one mesh node with an identity transform; vertex colours as
-      ``COLOR_0``. glTF is y-up, as our world is, so positions are written unchanged.
+      ``COLOR_0``, or, when textured, ``TEXCOORD_0`` and a matte PBR material whose base-colour
+      texture is the PNG, embedded in the file. glTF is y-up, as our world is, so positions are
+      written unchanged; glTF's v axis points down the image, so ``TEXCOORD_0 = (u, 1 - v)``.
 
-    Colours are stored as 8-bit values (rounded). The file is written to a temporary name beside
-    ``path`` and renamed on success, so a failure leaves neither a partial file nor a temporary one.
+    Colours are stored as 8-bit values (rounded). Every file is written to a temporary name beside its
+    target and renamed only once all of them are complete (for OBJ the image and material first, the
+    OBJ last), so a failure leaves neither a partial file nor a temporary one.
 
     Raises:
         InputError: the suffix is not .glb, .obj or .ply, or the output folder does not exist.
@@ -43,6 +53,12 @@ def save_mesh(mesh: Mesh, path: str | os.PathLike) -> Path:
     if mesh.is_empty:
         raise ValueError(f"{path}: refusing to write an empty mesh (0 faces)")
 
+    if mesh.has_texture and suffix == ".obj":
+        _save_textured_obj(mesh, path)
+        logger.info("wrote %s (+ .mtl, .png; %d vertices, %d faces)", path, mesh.num_vertices, mesh.num_faces)
+        return path
+    if mesh.has_texture and suffix == ".ply":
+        mesh = _vertex_colored(mesh)
     tm = mesh.to_trimesh()
     with atomic_path(path) as tmp:
         if suffix == ".obj":
@@ -52,3 +68,44 @@ def save_mesh(mesh: Mesh, path: str | os.PathLike) -> Path:
             tm.export(file_obj=str(tmp), file_type=suffix[1:])
     logger.info("wrote %s (%d vertices, %d faces)", path, mesh.num_vertices, mesh.num_faces)
     return path
+
+
+def _vertex_colored(mesh: Mesh) -> Mesh:
+    """A textured mesh as a vertex-coloured one: texture sampled at the vertices, seam copies merged."""
+    colors = mesh.colors_at_vertices()
+    _, first, inverse = np.unique(mesh.vertices, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    # keep the order of first appearance, so an unsplit mesh keeps its vertex order
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    new_index = rank[inverse]
+    count = np.bincount(new_index, minlength=order.size).astype(np.float64)
+    merged = np.zeros((order.size, 3), np.float64)
+    np.add.at(merged, new_index, colors)
+    merged /= count[:, None]
+    return Mesh(mesh.vertices[first[order]], new_index[mesh.faces], merged.astype(np.float32))
+
+
+def _save_textured_obj(mesh: Mesh, path: Path) -> None:
+    """OBJ + MTL + PNG beside each other, all three renamed into place only after all are written."""
+    from PIL import Image
+
+    mtl_path, png_path = path.with_suffix(".mtl"), path.with_suffix(".png")
+    with contextlib.ExitStack() as stack:
+        # entered first = renamed last: the OBJ appears only after its material and image
+        tmp_obj = stack.enter_context(atomic_path(path))
+        tmp_mtl = stack.enter_context(atomic_path(mtl_path))
+        tmp_png = stack.enter_context(atomic_path(png_path))
+        Image.fromarray(mesh.texture, mode="RGB").save(tmp_png, format="PNG")
+        tmp_mtl.write_text(
+            "# microdreamer\nnewmtl material0\nKa 1 1 1\nKd 1 1 1\nKs 0 0 0\nd 1\nillum 1\n"
+            f"map_Kd {png_path.name}\n"
+        )
+        with open(tmp_obj, "w") as f:
+            f.write(f"# microdreamer\nmtllib {mtl_path.name}\n")
+            np.savetxt(f, mesh.vertices, fmt="v %.9g %.9g %.9g")
+            np.savetxt(f, mesh.uv, fmt="vt %.9g %.9g")
+            f.write("usemtl material0\n")
+            idx = mesh.faces + 1
+            np.savetxt(f, np.repeat(idx, 2, axis=1), fmt="f %d/%d %d/%d %d/%d")
