@@ -1,6 +1,7 @@
 """The vectorised, chunked PyTorch density field: the CPU path, and the fallback on CUDA.
 
-Design: the grid is cut into cubic tiles (upstream: its blocks; exact: 8^3 voxels). Each Gaussian
+Design: the grid is cut into cubic tiles (exact: 8^3 voxels; upstream: its blocks, grouped into
+tiles of at least 8 voxels a side when blocks are smaller, with the block rule applied per voxel). Each Gaussian
 is binned to the tiles its rule lets it reach (upstream: the blocks whose grown box holds its
 centre; exact: the tiles its cutoff box overlaps), the (Gaussian, tile) pairs are sorted by tile,
 and each tile is evaluated densely as one matrix product: with tile-local coordinates x' and
@@ -100,9 +101,13 @@ def density_field_torch(
     if n == 0:
         return out
     axis64 = grid.axis(device).double()
+    group = 1  # upstream: blocks per tile side (small blocks are grouped into tiles of >= 8 voxels)
     if config.mode == "upstream":
-        tile, lower, upper = upstream_block_bounds(grid, config)
-        first, last = _tile_ranges_upstream(prepared, lower, upper)
+        block, lower, upper = upstream_block_bounds(grid, config)
+        block_first, block_last = _tile_ranges_upstream(prepared, lower, upper)
+        group = max(1, math.ceil(EXACT_TILE / block))
+        tile = block * group
+        first, last = block_first // group, torch.div(block_last, group, rounding_mode="floor")
     else:
         tile = EXACT_TILE
         first, last = _tile_ranges_exact(prepared, grid)
@@ -155,10 +160,19 @@ def density_field_torch(
             phi = _features(pts.reshape(-1, 3))  # [V, 10]
             cols = max(1, block_bytes // (8 * phi.shape[0]))
             acc = None
+            if group > 1:  # the block of each voxel of this tile, per axis
+                blocks = [torch.arange(s_.start, s_.stop, device=device) // block for s_ in sl]
             for m in torch.split(members, cols):
                 psi = _coefficients(mu64[m] - centre, precision[m])  # [L, 10]
                 q = phi @ psi.T  # [V, L] float64
                 drop = q > limit
+                if group > 1:  # several blocks share this tile: apply the block rule per voxel
+                    inside = [
+                        (block_first[m, a] <= blocks[a][:, None]) & (blocks[a][:, None] <= block_last[m, a])
+                        for a in range(3)
+                    ]  # [T_a, L] each
+                    rule = inside[0][:, None, None] & inside[1][None, :, None] & inside[2][None, None, :]
+                    drop |= ~rule.reshape(drop.shape)
                 # clamping keeps exp's argument above -87: float32 exp is ~20x slower when its
                 # result underflows; those entries are zeroed just after
                 w = q.to(torch.float32).clamp_(0.0, _Q_MAX).mul_(-0.5).exp_().masked_fill_(drop, 0.0)
