@@ -62,9 +62,10 @@ class Zero123Config:
         cuda_graphs: replay the UNet from CUDA graphs (one per batch size) instead of launching its
             kernels one by one from Python; CUDA only.
         channels_last: keep the UNet's and the VAE's activations in NHWC (the tensor cores' layout;
-            also saves the transposes around each attention block); CUDA only.
+            also saves the transposes around each attention block); CUDA only. Off by default until
+            measured on the GPU (benchmarks/results/generate_h200_baseline.json ran without it).
         cudnn_benchmark: let cuDNN time its convolution algorithms for each shape the first time it
-            sees it (inside the prior's calls only); CUDA only.
+            sees it (inside the prior's calls only); CUDA only. Off by default, likewise.
         hf_cache_dir: the Hugging Face cache to look repo ids up in (None: the default one).
         ddim: the DDIM schedule.
     """
@@ -77,8 +78,8 @@ class Zero123Config:
     image_size: int = 256
     dtype: str = "auto"
     cuda_graphs: bool = True
-    channels_last: bool = True
-    cudnn_benchmark: bool = True
+    channels_last: bool = False
+    cudnn_benchmark: bool = False
     hf_cache_dir: str | None = None
     ddim: DDIMConfig = field(default_factory=DDIMConfig)
 
