@@ -2,6 +2,7 @@
 vectorised PyTorch path, on seeded synthetic objects and the real sample splats.
 
     python benchmarks/bench_fields.py [--out benchmarks/results/fields_h200.json] [--quick]
+        [--cases 50000x128,1000000x512] [--modes exact] [--variants 1,2,3] [--no-samples]
 
 Times are CUDA-event medians after warm-up (the fast kernel's runs rotate over three input sets of
 the same size so that repeated runs do not just re-read the cache); peak memory is the allocator's
@@ -28,7 +29,7 @@ import torch
 from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.field.reference import covariance6, gaussian_3d_coeff
 from microdreamer.field.torch_impl import density_field_torch
-from microdreamer.kernels import _backend, default_chunks, extract_fields
+from microdreamer.kernels import _backend, default_chunks, default_variant, extract_fields
 from microdreamer.splat import read_ply
 from microdreamer.synthetic import make_synthetic_object
 
@@ -181,21 +182,21 @@ def inputs_for(name: str, n: int | None, r: int, mode: str, copies: int):
     return cfg, sets
 
 
-def bench_case(name, n, r, rows, naive_rate, quick):
-    for mode in ("exact", "upstream"):
+def bench_case(name, n, r, rows, naive_rate, quick, modes=("exact", "upstream"), variants=(1,)):
+    for mode in modes:
         if mode == "upstream" and (quick or (name == "synthetic" and r == 512 and n >= 200_000)):
             continue
-        bench_mode(name, n, r, mode, rows, naive_rate, quick)
+        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants)
         torch.cuda.empty_cache()
 
 
-def bench_mode(name, n, r, mode, rows, naive_rate, quick):
+def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,)):
     cfg, sets = inputs_for(name, n, r, mode, copies=1 if name != "synthetic" else 3)
     n_kept = len(sets[0][0])
     row0 = {"input": name, "N": n_kept, "R": r, "mode": mode}
 
-    def fast(s, chunks):
-        return extract_fields(s[0], s[1], cfg, "fast", chunks=chunks)
+    def fast(s, chunks, variant):
+        return extract_fields(s[0], s[1], cfg, "fast", chunks=chunks, variant=variant)
 
     def naive(s):
         return extract_fields(s[0], s[1], cfg, "naive")
@@ -206,24 +207,29 @@ def bench_mode(name, n, r, mode, rows, naive_rate, quick):
     def loop(s):
         return upstream_loop(s[0], s[1], cfg)
 
-    # fast, every tile depth
+    # fast, every tile depth and variant
     outs, fast_rows = {}, []
-    for chunks in (1, 2, 4) if mode == "exact" else (1, 2):
-        t0 = time.perf_counter()
-        fast(sets[0], chunks)
-        torch.cuda.synchronize()
-        slow = time.perf_counter() - t0 > 0.02  # long runs: fewer repetitions
-        reps = 3 if slow else (7 if quick else 21)
-        ms, times = cuda_time(lambda s, c=chunks: fast(s, c), warmup=2, reps=reps, inputs=sets)
-        t0 = time.perf_counter()
-        outs[chunks] = fast(sets[0], chunks)
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) * 1e3
-        fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "default": chunks == default_chunks(cfg),
-                          "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
-                          "peak_MB": peak_mb(lambda s, c=chunks: fast(s, c), sets[0])})  # fmt: skip
+    for variant in variants:
+        for chunks in (1, 2, 4) if mode == "exact" else (1, 2):
+            key = (chunks, variant)
+            t0 = time.perf_counter()
+            fast(sets[0], chunks, variant)
+            torch.cuda.synchronize()
+            slow = time.perf_counter() - t0 > 0.02  # long runs: fewer repetitions
+            reps = 3 if slow else (7 if quick else 21)
+            ms, times = cuda_time(
+                lambda s, c=chunks, v=variant: fast(s, c, v), warmup=2, reps=reps, inputs=sets
+            )
+            t0 = time.perf_counter()
+            outs[key] = fast(sets[0], chunks, variant)
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t0) * 1e3
+            fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "variant": variant,
+                              "default": chunks == default_chunks(cfg) and variant == default_variant(cfg),
+                              "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
+                              "peak_MB": peak_mb(lambda s, c=chunks, v=variant: fast(s, c, v), sets[0])})  # fmt: skip
     rows.extend(fast_rows)
-    fast_out = outs[default_chunks(cfg)]
+    fast_out = outs[(default_chunks(cfg), variants[0])]
     ref, ref_kind = None, None
     # the vectorised PyTorch path (on this GPU)
     if r == 128 and n_kept <= 60_000:
@@ -260,9 +266,9 @@ def bench_mode(name, n, r, mode, rows, naive_rate, quick):
         rows.append({**row0, "impl": "upstream_loop", "skipped": "timed at R = 128, N <= 50k only"})
     if ref is not None:
         for row in fast_rows:
-            row[f"rel_err_vs_{ref_kind}"] = rel_err(outs[row["chunks"]], ref)
+            row[f"rel_err_vs_{ref_kind}"] = rel_err(outs[(row["chunks"], row["variant"])], ref)
     for row in fast_rows:
-        row["rel_diff_vs_default"] = rel_err(outs[row["chunks"]], fast_out)
+        row["rel_diff_vs_default"] = rel_err(outs[(row["chunks"], row["variant"])], fast_out)
 
 
 def table(rows: list[dict]) -> str:
@@ -271,6 +277,7 @@ def table(rows: list[dict]) -> str:
         impl = (
             row["impl"]
             + (f"/c{row['chunks']}" if "chunks" in row else "")
+            + (f"/v{row['variant']}" if "variant" in row else "")
             + ("*" if row.get("default") else "")
         )
         ms = f"{row['median_ms']:.4g}" if "median_ms" in row else "-"
@@ -285,24 +292,30 @@ def table(rows: list[dict]) -> str:
 
 
 def must_show(rows: list[dict]) -> dict:
-    def pick(n, r, impl, mode="exact"):
+    def pick(n, r, impl, mode="exact", variant=None):
         c = [x for x in rows if x["input"] == "synthetic" and x["R"] == r and x["impl"] == impl
-             and x["mode"] == mode and abs(x["N"] - n) < 0.01 * n and "median_ms" in x]  # fmt: skip
+             and x["mode"] == mode and abs(x["N"] - n) < 0.01 * n and "median_ms" in x
+             and (variant is None or x.get("variant") == variant)]  # fmt: skip
         return min(c, key=lambda x: x["median_ms"]) if c else None
 
     out = {}
-    f128, n128, f512 = pick(50_000, 128, "fast"), pick(50_000, 128, "naive"), pick(1_000_000, 512, "fast")
-    if f128:
-        out["fast_128_50k_ms"] = f128["median_ms"]
-        out["fast_128_50k_chunks"] = f128["chunks"]
-        out["target_128_50k_le_0.1ms"] = f128["median_ms"] <= 0.1
-    if f512:
-        out["fast_512_1M_ms"] = f512["median_ms"]
-        out["fast_512_1M_chunks"] = f512["chunks"]
-        out["target_512_1M_le_10ms"] = f512["median_ms"] <= 10.0
-    if f128 and n128:
-        out["speedup_vs_naive_128_50k"] = n128["median_ms"] / f128["median_ms"]
-        out["target_speedup_ge_500"] = out["speedup_vs_naive_128_50k"] >= 500
+    n128 = pick(50_000, 128, "naive")
+    variants = sorted({x["variant"] for x in rows if "variant" in x})
+    for tag, v in [("", None)] + [(f"_v{v}", v) for v in variants]:
+        f128, f512 = pick(50_000, 128, "fast", variant=v), pick(1_000_000, 512, "fast", variant=v)
+        if f128:
+            out[f"fast_128_50k_ms{tag}"] = f128["median_ms"]
+            out[f"fast_128_50k_chunks{tag}"] = f128["chunks"]
+            out[f"fast_128_50k_variant{tag}"] = f128["variant"]
+            out[f"target_128_50k_le_0.1ms{tag}"] = f128["median_ms"] <= 0.1
+        if f512:
+            out[f"fast_512_1M_ms{tag}"] = f512["median_ms"]
+            out[f"fast_512_1M_chunks{tag}"] = f512["chunks"]
+            out[f"fast_512_1M_variant{tag}"] = f512["variant"]
+            out[f"target_512_1M_le_10ms{tag}"] = f512["median_ms"] <= 10.0
+        if f128 and n128:
+            out[f"speedup_vs_naive_128_50k{tag}"] = n128["median_ms"] / f128["median_ms"]
+            out[f"target_speedup_ge_500{tag}"] = out[f"speedup_vs_naive_128_50k{tag}"] >= 500
     errs = [v for x in rows for k, v in x.items() if k.startswith("rel_err_vs")]
     out["max_rel_err"] = max(errs) if errs else None
     return out
@@ -312,6 +325,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/fields_h200.json")
     parser.add_argument("--quick", action="store_true", help="small sizes and fewer runs (a smoke test)")
+    parser.add_argument(
+        "--cases", default="", help="synthetic cases NxR, comma-separated (default: every N x R)"
+    )
+    parser.add_argument("--modes", default="exact,upstream", help="field modes, comma-separated")
+    parser.add_argument("--variants", default="1,2,3", help="fast-kernel variants, comma-separated")
+    parser.add_argument("--no-samples", action="store_true", help="skip the real sample splats")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_fields.py needs a CUDA GPU")
@@ -325,11 +344,16 @@ def main() -> None:
     rs = RS[:2] if args.quick else RS
     partial = Path(args.out).with_suffix(".partial.json")
     partial.parent.mkdir(parents=True, exist_ok=True)
-    cases = [("synthetic", n, r) for n in ns for r in rs]
-    real = sorted(p.name for p in SAMPLES.glob("*.ply")) if SAMPLES.is_dir() else []
+    modes = tuple(args.modes.split(","))
+    variants = tuple(int(v) for v in args.variants.split(","))
+    if args.cases:
+        cases = [("synthetic", int(c.split("x")[0]), int(c.split("x")[1])) for c in args.cases.split(",")]
+    else:
+        cases = [("synthetic", n, r) for n in ns for r in rs]
+    real = sorted(p.name for p in SAMPLES.glob("*.ply")) if SAMPLES.is_dir() and not args.no_samples else []
     cases += [(name, None, r) for name in real for r in rs]
     for name, n, r in cases:
-        bench_case(name, n, r, rows, naive_rate, args.quick)
+        bench_case(name, n, r, rows, naive_rate, args.quick, modes, variants)
         print(f"done {name} N={n} R={r} ({time.perf_counter() - t_start:.0f} s)", flush=True)
         partial.write_text(json.dumps({"rates": rates, "hardware": hw, "results": rows}, indent=1))
     # floors at 512^3 / 1M (exact mode): the grid's bytes, and the exponentials of a kernel that
@@ -353,7 +377,9 @@ def main() -> None:
         "rates": rates,
         "floors_512_1M": floors,
         "must_show": must_show(rows),
-        "notes": "fast: chunks = 8-voxel chunks per thread along z (tile 16 x 16 x 8*chunks); * = default. "
+        "notes": "fast: chunks = 8-voxel chunks per thread along z (tile 16 x 16 x 8*chunks); variant 1: "
+        "host-sized lists (one sync per call), 2: fixed-capacity lists (no sync), register caps, empty tiles "
+        "exit, 3: 2 + two Gaussians per warp step; * = default of the code that ran. "
         "Timed runs of fast rotate over three seeded inputs of the same size (synthetic). "
         "torch = microdreamer.field.torch_impl on the GPU. naive runs predicted longer than "
         f"{NAIVE_BUDGET_S} s are skipped (cost ~ N R^3).",

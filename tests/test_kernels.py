@@ -143,11 +143,13 @@ def test_gaussian_3d_coeff_positive_exponent_is_zero():
 # extract_fields against the float64 reference
 # ----------------------------------------------------------------------------------------------
 
-IMPL_VARIANTS = [("naive", None), ("fast", 1), ("fast", 2), ("fast", 4)]
+# (impl, chunks, variant): the naive kernel, and the fast kernel at every tile depth in its three
+# variants (1: host-sized lists; 2: fixed-capacity lists, no host sync; 3: 2 + Gaussian pairs)
+IMPL_VARIANTS = [("naive", None, None)] + [("fast", c, v) for v in (1, 2, 3) for c in (1, 2, 4)]
 
 
 def _variants(mode):
-    return [(i, c) for i, c in IMPL_VARIANTS if not (mode == "upstream" and c == 4)]
+    return [(i, c, v) for i, c, v in IMPL_VARIANTS if not (mode == "upstream" and c == 4)]
 
 
 @cuda
@@ -156,8 +158,10 @@ def _variants(mode):
 def test_matches_reference(mode, n, r):
     # r = 17, 33, 37: odd and not multiples of num_blocks or of the 16-voxel tile
     splat = make_random_splat(n, seed=1000 * n + r, spread=0.8)
-    for impl, chunks in _variants(mode):
-        check_against_reference(splat, FieldConfig(resolution=r, mode=mode), impl, chunks=chunks)
+    for impl, chunks, variant in _variants(mode):
+        check_against_reference(
+            splat, FieldConfig(resolution=r, mode=mode), impl, chunks=chunks, variant=variant
+        )
 
 
 @cuda
@@ -165,22 +169,26 @@ def test_matches_reference(mode, n, r):
 def test_wide_gaussians_take_the_recurrence(mode):
     # sigma >= 2 voxels: the fast kernel's z recurrence (exact mode); a mix of sizes and opacities
     splat = make_random_splat(300, seed=21, spread=0.9, log_scale_mean=-1.6, log_scale_std=0.6)
-    for impl, chunks in _variants(mode):
-        check_against_reference(splat, FieldConfig(resolution=45, mode=mode), impl, chunks=chunks)
+    for impl, chunks, variant in _variants(mode):
+        check_against_reference(
+            splat, FieldConfig(resolution=45, mode=mode), impl, chunks=chunks, variant=variant
+        )
 
 
 @cuda
 @pytest.mark.parametrize("mode", ["exact", "upstream"])
 def test_object_like_splat(mode):
     splat = make_synthetic_object(1500, seed=5, scale_fraction=0.03)
-    for impl, chunks in _variants(mode):
-        check_against_reference(splat, FieldConfig(resolution=40, mode=mode), impl, chunks=chunks)
+    for impl, chunks, variant in _variants(mode):
+        check_against_reference(
+            splat, FieldConfig(resolution=40, mode=mode), impl, chunks=chunks, variant=variant
+        )
 
 
 @cuda
-@pytest.mark.parametrize("impl", ["naive", "fast"])
+@pytest.mark.parametrize("impl,variant", [("naive", None), ("fast", 1), ("fast", 2), ("fast", 3)])
 @pytest.mark.parametrize("mode", ["exact", "upstream"])
-def test_no_gaussians_gives_zeros(impl, mode):
+def test_no_gaussians_gives_zeros(impl, variant, mode):
     from microdreamer.kernels import extract_fields
 
     s = make_random_splat(5, seed=2)
@@ -188,7 +196,7 @@ def test_no_gaussians_gives_zeros(impl, mode):
     cfg = FieldConfig(resolution=12, mode=mode)
     prepared, grid = prepare_gaussians(s, cfg)
     assert len(prepared) == 0
-    out = extract_fields(prepared.to("cuda"), grid, cfg, impl, out=poisoned(12))
+    out = extract_fields(prepared.to("cuda"), grid, cfg, impl, out=poisoned(12), variant=variant)
     assert torch.equal(out.cpu(), torch.zeros(12, 12, 12))
 
 
@@ -198,10 +206,10 @@ def test_single_gaussian_peaks_at_its_opacity(mode):
     s = make_random_splat(1, seed=3)
     cfg = FieldConfig(resolution=21, mode=mode)  # odd R: the centre is a grid point
     prepared, grid = prepare_gaussians(s, cfg)
-    for impl, chunks in _variants(mode):
-        out = run_kernel(prepared, grid, cfg, impl, chunks=chunks)
+    for impl, chunks, variant in _variants(mode):
+        out = run_kernel(prepared, grid, cfg, impl, chunks=chunks, variant=variant)
         assert math.isclose(float(out[10, 10, 10]), float(s.opacities()[0]), rel_tol=1e-6)
-        check_against_reference(s, cfg, impl, chunks=chunks)
+        check_against_reference(s, cfg, impl, chunks=chunks, variant=variant)
 
 
 @cuda
@@ -209,8 +217,10 @@ def test_single_gaussian_peaks_at_its_opacity(mode):
 def test_gaussian_larger_than_the_grid(mode):
     s = make_random_splat(20, seed=4, spread=0.5, log_scale_mean=-2.0)
     s.log_scales[0] = math.log(5.0)  # sigma 5 world units, the cube is ~1
-    for impl, chunks in _variants(mode):
-        check_against_reference(s, FieldConfig(resolution=19, mode=mode), impl, chunks=chunks)
+    for impl, chunks, variant in _variants(mode):
+        check_against_reference(
+            s, FieldConfig(resolution=19, mode=mode), impl, chunks=chunks, variant=variant
+        )
 
 
 @cuda
@@ -221,8 +231,10 @@ def test_nearly_degenerate_covariance(mode):
     s.log_scales[1] = torch.log(torch.tensor([1e-5, 0.2, 1e-5]))  # a needle
     s.log_scales[2] = torch.log(torch.tensor([0.2, 0.2, 2e-3]))  # 100 : 1, thinner than a voxel
     s.opacity_logits[:3] = 5.0
-    for impl, chunks in _variants(mode):
-        check_against_reference(s, FieldConfig(resolution=31, mode=mode), impl, chunks=chunks)
+    for impl, chunks, variant in _variants(mode):
+        check_against_reference(
+            s, FieldConfig(resolution=31, mode=mode), impl, chunks=chunks, variant=variant
+        )
 
 
 @cuda
@@ -233,8 +245,10 @@ def test_extreme_scales_stay_finite():
     for mode in ("exact", "upstream"):
         cfg = FieldConfig(resolution=12, mode=mode)
         prepared, grid = prepare_gaussians(s, cfg)
-        for impl, chunks in _variants(mode):
-            run_kernel(prepared, grid, cfg, impl, chunks=chunks)  # asserts every voxel finite
+        for impl, chunks, variant in _variants(mode):
+            run_kernel(
+                prepared, grid, cfg, impl, chunks=chunks, variant=variant
+            )  # asserts every voxel finite
 
 
 @cuda
@@ -249,6 +263,25 @@ def test_z_slab_chunking(mode):
         sliced = run_kernel(prepared, grid, cfg, "fast", chunks=1, max_list_entries=budget)
         assert rel_err(sliced, whole) < 1e-6  # only the summation order may differ
     check_against_reference(splat, cfg, "fast", chunks=1, max_list_entries=100)
+
+
+@cuda
+@pytest.mark.parametrize("variant", [2, 3])
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+def test_list_capacity_overflow_scans_every_gaussian(variant, mode):
+    # variants 2 and 3 bin into one list of fixed capacity; tiles whose entries do not fit scan all N
+    # Gaussians (budget 1: every tile but maybe the first; 5000: some tiles each way)
+    splat = make_synthetic_object(3000, seed=31, scale_fraction=0.03)
+    cfg = FieldConfig(resolution=50, mode=mode)
+    prepared, grid = prepare_gaussians(splat, cfg)
+    whole = run_kernel(prepared, grid, cfg, "fast", chunks=1, variant=variant)
+    for budget in (1, 5000):
+        for chunks in (1, 2):
+            part = run_kernel(
+                prepared, grid, cfg, "fast", chunks=chunks, variant=variant, max_list_entries=budget
+            )
+            assert rel_err(part, whole) < 1e-6  # only the summation order may differ
+    check_against_reference(splat, cfg, "fast", chunks=2, variant=variant, max_list_entries=5000)
 
 
 @cuda
@@ -274,8 +307,9 @@ def test_large_against_torch_path(r, scale):
     prepared, grid = prepare_gaussians(splat, cfg)
     ref = density_field_torch(prepared.to("cuda"), grid, cfg)
     for chunks in (1, 2, 4):
-        out = run_kernel(prepared, grid, cfg, "fast", chunks=chunks)
-        assert rel_err(out, ref) <= REL_TOL
+        for variant in (1, 2, 3):
+            out = run_kernel(prepared, grid, cfg, "fast", chunks=chunks, variant=variant)
+            assert rel_err(out, ref) <= REL_TOL
     if r == 128:
         out = run_kernel(prepared, grid, cfg, "naive")
         assert rel_err(out, ref) <= REL_TOL
@@ -288,8 +322,8 @@ def test_upstream_gpu_equals_cpu(r, n):
     cfg = FieldConfig(resolution=r, mode="upstream")
     prepared, grid = prepare_gaussians(splat, cfg)
     cpu = density_field_torch(prepared, grid, cfg)  # the CPU path
-    for impl, chunks in _variants("upstream"):
-        out = run_kernel(prepared, grid, cfg, impl, chunks=chunks)
+    for impl, chunks, variant in _variants("upstream"):
+        out = run_kernel(prepared, grid, cfg, impl, chunks=chunks, variant=variant)
         assert rel_err(out, cpu) <= REL_TOL
 
 
@@ -307,8 +341,8 @@ def test_real_splats_against_torch_path(mode, name):
     cfg = FieldConfig(resolution=128, mode=mode)
     prepared, grid = prepare_gaussians(splat, cfg)
     ref = density_field_torch(prepared.to("cuda"), grid, cfg)
-    for impl, chunks in _variants(mode):
+    for impl, chunks, variant in _variants(mode):
         if impl == "naive" and len(prepared) > 20_000:
             continue
-        out = run_kernel(prepared, grid, cfg, impl, chunks=chunks)
+        out = run_kernel(prepared, grid, cfg, impl, chunks=chunks, variant=variant)
         assert rel_err(out, ref) <= REL_TOL

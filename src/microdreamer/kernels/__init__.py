@@ -12,8 +12,13 @@ Implementations of :func:`extract_fields` (``impl=``):
 * ``"fast"``: Gaussians binned to 16 x 16 x (8 * chunks) voxel tiles on the GPU (count, scan, fill),
   one block per tile stages its Gaussians in shared memory; each warp culls them against its
   8 x 4-column footprint and evaluates the survivors column by column, along z with a two-multiply
-  recurrence where the Gaussian is wide enough (see ``benchmarks/NOTES_fields.md``). Lists larger
-  than ``max_list_entries`` are processed in z-slabs.
+  recurrence where the Gaussian is wide enough (see ``benchmarks/NOTES_fields.md``). Three variants
+  (``variant=``): ``1`` reads the list sizes back to the host (one synchronisation per call) and
+  processes lists larger than ``max_list_entries`` in z-slabs; ``2`` bins into one list of fixed
+  capacity (``LIST_ENTRIES_PER_GAUSSIAN`` x N, at most ``max_list_entries``) with no host
+  synchronisation, caps registers for more resident warps and lets empty tiles exit at once; tiles
+  whose entries do not fit scan all N Gaussians (exact, slower); ``3`` is ``2`` evaluating two
+  z-recurrence Gaussians per warp step (exact mode; in upstream mode it is ``2``).
 * ``"naive"``: one thread per voxel looping over every Gaussian with an axis-aligned range cull (the
   measured baseline).
 
@@ -30,10 +35,14 @@ import torch
 
 from microdreamer.field.common import FieldConfig, GridSpec, PreparedGaussians, upstream_block_bounds
 
-__all__ = ["extract_fields", "gaussian_3d_coeff", "default_chunks"]
+__all__ = ["extract_fields", "gaussian_3d_coeff", "default_chunks", "default_variant"]
 
 IMPLS = ("fast", "naive")
-MAX_LIST_ENTRIES = 1 << 28  # 1 GiB of int32 list entries per z-slab chunk
+VARIANTS = (1, 2, 3)
+MAX_LIST_ENTRIES = 1 << 28  # 1 GiB of int32 list entries (variant 1: per z-slab chunk; 2, 3: in all)
+# variants 2 and 3: list capacity per Gaussian; the synthetic object bins ~50 (tile, Gaussian) pairs per
+# Gaussian at 512^3 with 16 x 16 x 32 tiles, ~80 with 16 x 16 x 8 (NOTES_fields.md)
+LIST_ENTRIES_PER_GAUSSIAN = 96
 
 _tables: dict[tuple, torch.Tensor] = {}
 
@@ -45,6 +54,14 @@ def default_chunks(config: FieldConfig) -> int:
     if config.mode != "exact":
         return 1 if r <= 160 else 2
     return 1 if r <= 320 else 4
+
+
+def default_variant(config: FieldConfig) -> int:
+    """The fast kernel's variant used when none is given (see the module docstring): 2 where it measured
+    faster than 1 on an H200 (exact mode at 512^3: 36.0 against 39.2 ms with 1M Gaussians,
+    benchmarks/results/fields_h200_variants.json), 1 elsewhere (a tie at 128^3 with 50k, not measured
+    at 256^3 or in upstream mode)."""
+    return 2 if config.mode == "exact" and config.resolution > 320 else 1
 
 
 def _axis_table(r: int, length: int, device: torch.device) -> torch.Tensor:
@@ -75,6 +92,7 @@ def extract_fields(
     out: torch.Tensor | None = None,
     chunks: int | None = None,
     max_list_entries: int = MAX_LIST_ENTRIES,
+    variant: int | None = None,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -87,7 +105,9 @@ def extract_fields(
         out: optional [R, R, R] float32 CUDA tensor to write into (every voxel is written).
         chunks: fast: 8-voxel chunks per thread along z, 1, 2 or 4 (4: exact mode only); default
             :func:`default_chunks`.
-        max_list_entries: fast: (tile, Gaussian) pairs binned at once; more are processed in z-slabs.
+        max_list_entries: fast: (tile, Gaussian) pairs binned at once; variant 1 processes more in
+            z-slabs, variants 2 and 3 let the tiles past it scan every Gaussian.
+        variant: fast: 1, 2 or 3 (see the module docstring); default :func:`default_variant`.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -95,6 +115,9 @@ def extract_fields(
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown kernel implementation {impl!r}; use one of {', '.join(IMPLS)}")
+    variant = variant or default_variant(config)
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown fast-kernel variant {variant!r}; use one of 1, 2, 3")
     device = prepared.means.device
     if device.type != "cuda":
         raise RuntimeError(
@@ -119,6 +142,7 @@ def extract_fields(
     return ext.extract_fields(
         prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out,
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
+        int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)),
     )  # fmt: skip
 
 

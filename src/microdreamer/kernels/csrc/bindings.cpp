@@ -40,7 +40,8 @@ void check_shape(const at::Tensor& t, const char* name, std::vector<int64_t> sha
 at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, const at::Tensor& transforms,
                           const at::Tensor& radii, const at::Tensor& axis, const at::Tensor& lower,
                           const at::Tensor& upper, at::Tensor out, bool exact, double cutoff_sq, double cutoff_tol,
-                          int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries) {
+                          int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries,
+                          int64_t variant, int64_t list_capacity) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -60,6 +61,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(r <= 4096, "resolution must be <= 4096, got ", r);
   TORCH_CHECK(n < (int64_t(1) << 31), "at most 2^31 - 1 Gaussians, got ", n);
   TORCH_CHECK(impl == "fast" || impl == "naive", "impl must be 'fast' or 'naive', got '", impl, "'");
+  TORCH_CHECK(variant >= 1 && variant <= 3, "variant must be 1, 2 or 3, got ", variant);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
   check_tensor(axis, "axis", at::kFloat, device);
@@ -130,8 +132,52 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     return out;
   }
 
-  // per-tile list offsets; the host needs the entries per z-slab of tiles to size and chunk the lists
+  // per-tile list offsets
   at::Tensor tile_end = at::cumsum(counts, 0, at::kLong);
+  if (variant >= 2) {
+    // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
+    // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
+    const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
+    at::Tensor list = at::empty({capacity}, fopts.dtype(at::kInt));
+    microdreamer::FillArgs f{};
+    f.params = params.data_ptr<float>();
+    f.n = n;
+    f.tile_x = 16;
+    f.tile_y = 16;
+    f.tile_z = static_cast<int>(tz);
+    f.ntx = static_cast<int>(ntx);
+    f.nty = static_cast<int>(nty);
+    f.ntz = static_cast<int>(ntz);
+    f.tz_begin = 0;
+    f.tz_end = static_cast<int>(ntz);
+    f.tile_cursor = counts.data_ptr<int>();
+    f.tile_end = tile_end.data_ptr<int64_t>();
+    f.base = 0;
+    f.list = list.data_ptr<int>();
+    C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    microdreamer::FastArgs a{};
+    a.params = params.data_ptr<float>();
+    a.precise = precise.data_ptr<double>();
+    a.list = list.data_ptr<int>();
+    a.tile_end = tile_end.data_ptr<int64_t>();
+    a.base = 0;
+    a.tile0 = 0;
+    a.ntx = static_cast<int>(ntx);
+    a.nty = static_cast<int>(nty);
+    a.ntz = static_cast<int>(ntz);
+    a.resolution = static_cast<int>(r);
+    a.axis = axis.data_ptr<float>();
+    a.cutoff_sq = static_cast<float>(cutoff_sq);
+    a.cutoff_sq_d = cutoff_sq;
+    a.out = out.data_ptr<float>();
+    a.out_aligned = reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+    C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
+                                                n, variant == 3, stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+  }
+  // variant 1: the host reads the entries per z-slab of tiles to size and chunk the lists (a sync)
   at::Tensor slab_end = tile_end.view({ntz, nty * ntx}).select(1, nty * ntx - 1).cpu();  // synchronises
   const int64_t* se = slab_end.data_ptr<int64_t>();
   std::vector<std::pair<int64_t, int64_t>> slabs;  // [z0, z1) chunks of z-slabs

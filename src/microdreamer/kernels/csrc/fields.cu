@@ -20,6 +20,17 @@ constexpr float kK = 0.72134752044448170f;  // 0.5 * log2(e): o exp(-q / 2) = 2^
 constexpr double kKd = 0.72134752044448170;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kTileXY = 16;  // fast kernel: 16 x 16 columns per block, 8 warps of 8 x 4 columns
+// v2 register caps: resident 256-thread blocks per SM (65536 / (256 * MINB) registers per thread)
+#ifndef MD_MINB1
+#define MD_MINB1 4
+#endif
+#ifndef MD_MINB2
+#define MD_MINB2 4
+#endif
+#ifndef MD_MINB4
+#define MD_MINB4 3
+#endif
+constexpr int kMinBlocks1 = MD_MINB1, kMinBlocks2 = MD_MINB2, kMinBlocks4 = MD_MINB4;
 
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -168,6 +179,24 @@ __global__ void fill_kernel(const FillArgs a) {
   }
 }
 
+// v2: one list for every tile, of fixed capacity (no host read of the sizes); entries past the
+// capacity are dropped and their tiles scan every Gaussian instead (fast_kernel_v2)
+__global__ void fill_bounded_kernel(const FillArgs a, int64_t capacity) {
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int* pi = reinterpret_cast<const int*>(a.params + g * kParamWords);
+    if (pi[12] == kEmpty) continue;
+    for (int tz = pi[17] / a.tile_z; tz <= pi[18] / a.tile_z; ++tz)
+      for (int ty = pi[15] / a.tile_y; ty <= pi[16] / a.tile_y; ++ty)
+        for (int tx = pi[13] / a.tile_x; tx <= pi[14] / a.tile_x; ++tx) {
+          const int64_t t = (static_cast<int64_t>(tz) * a.nty + ty) * a.ntx + tx;
+          if (a.tile_end[t] > capacity) continue;  // this tile scans every Gaussian
+          const int old = atomicSub(a.tile_cursor + t, 1);
+          a.list[a.tile_end[t] - old] = static_cast<int>(g);
+        }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // fast kernel: one block per 16 x 16 x (8 * NCH) tile, one thread per column of the tile holding
 // 8 * NCH accumulators in registers; warps own 8 x 4 column footprints
@@ -210,7 +239,7 @@ __device__ __forceinline__ bool cull(const float4* s, int fi0, int fj0, int k0, 
 
 template <int NCH, bool EXACT>
 __device__ __forceinline__ void process_precise(const float4* s, const FastArgs& a, int i, int j, int k0, float xi,
-                                                float yj, const float (&zk)[8 * NCH], float (&acc)[8 * NCH]) {
+                                                float yj, const float* zk, float (&acc)[8 * NCH]) {
   const float4 p0 = s[0], p3 = s[3], p4 = s[4];
   const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
   const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
@@ -248,7 +277,7 @@ __device__ __forceinline__ void process_precise(const float4* s, const FastArgs&
 
 template <int NCH, bool EXACT>
 __device__ __forceinline__ void process(const float4* s, const FastArgs& a, int i, int j, int k0, float xi, float yj,
-                                        const float (&zk)[8 * NCH], const float (&h1)[NCH], float (&acc)[8 * NCH]) {
+                                        const float* zk, const float (&h1)[NCH], float (&acc)[8 * NCH]) {
   const float4 p3 = s[3];
   const int cls = __float_as_int(p3.x);
   if (cls == kPrecise) {
@@ -322,6 +351,65 @@ __device__ __forceinline__ void process(const float4* s, const FastArgs& a, int 
   }
 }
 
+// Two kRecur Gaussians at once (exact mode): the same arithmetic as process()'s recurrence for each,
+// interleaved so that the two dependent chains overlap. A chunk that only one of them reaches runs
+// the other's chain with v = 0 (adds nothing). Per voxel the sum order is a then b, as when
+// process() is called for a, then b.
+template <int NCH>
+__device__ __forceinline__ void process_pair_recur(const float4* sa, const float4* sb, const FastArgs& a, float xi,
+                                                   float yj, int k0, const float* zk, const float (&h1)[NCH],
+                                                   float (&acc)[8 * NCH]) {
+  float muzA, mA, q2A, AA, lcA, gA, thrA, muzB, mB, q2B, AB, lcB, gB, thrB;
+  int lozA, hizA, lozB, hizB;
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    const float4* s = w ? sb : sa;
+    const float4 p0 = s[0], p1 = s[1], p2 = s[2], p4 = s[4];
+    const float dx = xi - p0.x, dy = yj - p0.y;
+    const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
+    const float q2 = fmaf(u1, u1, u2 * u2);
+    const float m = fmaf(p1.z, dx, p1.w * dy);
+    const float lc = fmaf(-kK, q2, p2.y);
+    if (w == 0) {
+      muzA = p0.z; mA = m; q2A = q2; AA = p2.x; lcA = lc; gA = p2.z; thrA = p2.w;
+      lozA = __float_as_int(p4.y); hizA = __float_as_int(p4.z);
+    } else {
+      muzB = p0.z; mB = m; q2B = q2; AB = p2.x; lcB = lc; gB = p2.z; thrB = p2.w;
+      lozB = __float_as_int(p4.y); hizB = __float_as_int(p4.z);
+    }
+  }
+  const float cut = a.cutoff_sq * 1.0001f;
+  const float nkaA = -kK * AA, nkaB = -kK * AB;
+#pragma unroll
+  for (int c = 0; c < NCH; ++c) {
+    const int kc = k0 + 8 * c;
+    const bool inA = !(kc > hizA || kc + 7 < lozA), inB = !(kc > hizB || kc + 7 < lozB);
+    if (!inA && !inB) continue;
+    const float z0 = zk[8 * c], z7 = zk[8 * c + 7];
+    const float t0A = (z0 - muzA) - mA, t7A = (z7 - muzA) - mA;
+    const float t0B = (z0 - muzB) - mB, t7B = (z7 - muzB) - mB;
+    const float tcA = fmaxf(t0A, fminf(t7A, 0.f)), tcB = fmaxf(t0B, fminf(t7B, 0.f));
+    const bool goA = inA && __any_sync(kFull, fmaf(AA * tcA, tcA, q2A) <= cut);
+    const bool goB = inB && __any_sync(kFull, fmaf(AB * tcB, tcB, q2B) <= cut);
+    if (!goA && !goB) continue;
+    float vA = goA ? ex2(fmaf(nkaA * t0A, t0A, lcA)) : 0.f;
+    float rA = goA ? ex2(fminf(nkaA * h1[c] * fmaf(2.f, t0A, h1[c]), 64.f)) : 0.f;
+    float vB = goB ? ex2(fmaf(nkaB * t0B, t0B, lcB)) : 0.f;
+    float rB = goB ? ex2(fminf(nkaB * h1[c] * fmaf(2.f, t0B, h1[c]), 64.f)) : 0.f;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      float x = acc[8 * c + jj];
+      if (vA >= thrA) x += vA;
+      if (vB >= thrB) x += vB;
+      acc[8 * c + jj] = x;
+      vA *= rA;
+      rA *= gA;
+      vB *= rB;
+      rB *= gB;
+    }
+  }
+}
+
 template <int NCH, bool EXACT>
 __global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
   constexpr int TZ = 8 * NCH;
@@ -371,6 +459,90 @@ __global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
   if (i < r && j < r) {
     float* dst = a.out + (static_cast<int64_t>(i) * r + j) * r + k0;
     if (a.out_aligned && k0 + TZ <= r && (r & 3) == 0) {
+#pragma unroll
+      for (int kk = 0; kk < TZ; kk += 4)
+        *reinterpret_cast<float4*>(dst + kk) = make_float4(acc[kk], acc[kk + 1], acc[kk + 2], acc[kk + 3]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < TZ; ++kk)
+        if (k0 + kk < r) dst[kk] = acc[kk];
+    }
+  }
+}
+
+// v2: same evaluation as fast_kernel, with (1) the tile's z coordinates in shared memory instead of
+// 8 * NCH registers, (2) a register cap for MINB resident blocks per SM (more warps in flight to
+// hide the dependent chains), (3) empty tiles write zeros and leave, (4) the list of fixed capacity
+// (tiles past it scan all N Gaussians, culled by their boxes: slow but exact).
+template <int NCH, bool EXACT, int MINB, bool PAIR>
+__global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, int64_t capacity, int64_t n) {
+  constexpr int TZ = 8 * NCH;
+  __shared__ float4 s_par[256 * 5];
+  __shared__ float s_z[TZ];
+  const int tile = blockIdx.x;
+  const int tx = tile % a.ntx, rest = tile / a.ntx;
+  const int ty = rest % a.nty, tz = rest / a.nty;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int fi0 = tx * kTileXY + (warp & 1) * 8;
+  const int fj0 = ty * kTileXY + (warp >> 1) * 4;
+  const int i = fi0 + (lane & 7), j = fj0 + (lane >> 3);
+  const int k0 = tz * TZ;
+  const int r = a.resolution;
+  int64_t start = tile == 0 ? 0 : a.tile_end[tile - 1];
+  int64_t end = a.tile_end[tile];
+  const bool scan_all = end > capacity;
+  if (scan_all) {
+    start = 0;
+    end = n;
+  }
+  float* dst = a.out + (static_cast<int64_t>(i) * r + j) * r + k0;
+  const bool vec = a.out_aligned && k0 + TZ <= r && (r & 3) == 0;
+  float acc[TZ];
+#pragma unroll
+  for (int kk = 0; kk < TZ; ++kk) acc[kk] = 0.f;
+  if (start < end) {
+    if (threadIdx.x < TZ) s_z[threadIdx.x] = a.axis[k0 + threadIdx.x];
+    const float xi = a.axis[i], yj = a.axis[j];
+    const float fx0 = a.axis[fi0], fx1 = a.axis[fi0 + 7], fy0 = a.axis[fj0], fy1 = a.axis[fj0 + 3];
+    const float4* params = reinterpret_cast<const float4*>(a.params);
+    __syncthreads();
+    float h1[NCH];
+#pragma unroll
+    for (int c = 0; c < NCH; ++c) h1[c] = s_z[8 * c + 1] - s_z[8 * c];
+    for (int64_t b = start; b < end; b += 256) {
+      const int nb = static_cast<int>(min(static_cast<int64_t>(256), end - b));
+      __syncthreads();
+      if (static_cast<int>(threadIdx.x) < nb) {
+        const int64_t e = b + threadIdx.x;
+        const int64_t g = scan_all ? e : a.list[e];
+#pragma unroll
+        for (int q = 0; q < 5; ++q) s_par[threadIdx.x * 5 + q] = __ldg(params + g * 5 + q);
+      }
+      __syncthreads();
+      for (int sb = 0; sb < nb; sb += 32) {
+        const int gl = sb + lane;
+        const bool pass = gl < nb && cull<EXACT, TZ>(s_par + gl * 5, fi0, fj0, k0, fx0, fx1, fy0, fy1, a.cutoff_sq);
+        unsigned mask = __ballot_sync(kFull, pass);
+        while (mask) {
+          const int bit = __ffs(mask) - 1;
+          mask &= mask - 1;
+          if (PAIR && EXACT && mask) {
+            const int bit2 = __ffs(mask) - 1;
+            const float4* sa = s_par + (sb + bit) * 5;
+            const float4* sb2 = s_par + (sb + bit2) * 5;
+            if (__float_as_int(sa[3].x) == kRecur && __float_as_int(sb2[3].x) == kRecur) {
+              mask &= mask - 1;
+              process_pair_recur<NCH>(sa, sb2, a, xi, yj, k0, s_z, h1, acc);
+              continue;
+            }
+          }
+          process<NCH, EXACT>(s_par + (sb + bit) * 5, a, i, j, k0, xi, yj, s_z, h1, acc);
+        }
+      }
+    }
+  }
+  if (i < r && j < r) {
+    if (vec) {
 #pragma unroll
       for (int kk = 0; kk < TZ; kk += 4)
         *reinterpret_cast<float4*>(dst + kk) = make_float4(acc[kk], acc[kk + 1], acc[kk + 2], acc[kk + 3]);
@@ -454,6 +626,39 @@ cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles
     }
   }
   return cudaGetLastError();
+}
+
+cudaError_t launch_fill_bounded(const FillArgs& a, int64_t capacity, cudaStream_t stream) {
+  fill_bounded_kernel<<<blocks_for(a.n, 256), 256, 0, stream>>>(a, capacity);
+  return cudaGetLastError();
+}
+
+template <bool PAIR>
+static cudaError_t launch_fast_v2_t(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
+                             cudaStream_t stream) {
+  const dim3 grid(num_tiles), block(256);
+  if (exact) {
+    switch (chunks) {
+      case 1: fast_kernel_v2<1, true, kMinBlocks1, PAIR><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 2: fast_kernel_v2<2, true, kMinBlocks2, PAIR><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 4: fast_kernel_v2<4, true, kMinBlocks4, PAIR><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      default: return cudaErrorInvalidValue;
+    }
+  } else {
+    switch (chunks) {
+      case 1: fast_kernel_v2<1, false, kMinBlocks1, false><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 2: fast_kernel_v2<2, false, kMinBlocks2, false><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
+                           bool pair, cudaStream_t stream) {
+  if (num_tiles <= 0) return cudaSuccess;
+  return pair ? launch_fast_v2_t<true>(a, exact, chunks, num_tiles, capacity, n, stream)
+              : launch_fast_v2_t<false>(a, exact, chunks, num_tiles, capacity, n, stream);
 }
 
 cudaError_t launch_naive(const NaiveArgs& a, cudaStream_t stream) {

@@ -91,6 +91,12 @@ cudaError_t launch_fill(const FillArgs& a, cudaStream_t stream);
 // chunks: 8-voxel chunks per thread along z (tile_z = 8 * chunks); supported: 1, 2, 4.
 cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles, cudaStream_t stream);
 cudaError_t launch_naive(const NaiveArgs& a, cudaStream_t stream);
+// v2 ("fast" variant 2): one list of `capacity` entries for every tile (FillArgs.base and tz range
+// unused); tiles whose entries end past the capacity scan all n Gaussians. No host synchronisation.
+// pair (exact mode): evaluate two z-recurrence Gaussians per warp step (variant 3).
+cudaError_t launch_fill_bounded(const FillArgs& a, int64_t capacity, cudaStream_t stream);
+cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
+                           bool pair, cudaStream_t stream);
 
 // gaussian_3d_coeff: out[m] = exp(-0.5 d^T Sigma^-1 d) (analytic inverse, +1e-24 on the determinant,
 // positive exponent -> 0), computed in float64.
