@@ -1,0 +1,205 @@
+"""The texture stage: mesh + splat -> textured mesh (UV unwrap, bake, optional refinement).
+
+:func:`texture_mesh` runs the stage with a :class:`TextureConfig`:
+
+1. face cap (quadric decimation to ``max_faces``) and UV unwrap with xatlas (:func:`unwrap`);
+2. the covered texels of the ``size`` x ``size`` atlas as surface points (:func:`texel_samples`);
+3. their colours, by ``mode``:
+
+   * ``"bake"``: back-projection of splat renders from a view set, visibility from the mesh
+     rasteriser (:func:`bake_views`);
+   * ``"field"``: the splat's colour field at each texel's surface point, no rendering
+     (:func:`bake_field`);
+   * ``"none"``: no texture; the mesh is returned as it is;
+
+4. fill: unseen texels from the nearest seen surface point, gutters by nearest-neighbour dilation
+   (:func:`fill_texture`), so there is no empty texel;
+5. optional stage-2 refinement against targets (:func:`refine_texture`, ``refine.steps > 0``).
+
+xatlas is imported only when unwrapping.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from microdreamer.errors import InputError
+from microdreamer.mesh import Mesh
+from microdreamer.texture.atlas import TexelSamples, fill_texture, texel_samples
+from microdreamer.texture.bake import (
+    BakeConfig,
+    BakeViewsConfig,
+    bake_cameras,
+    bake_views,
+    framing,
+    mesh_render_fn,
+    splat_render_fn,
+)
+from microdreamer.texture.field_bake import bake_field, colour_field, colour_field_reference
+from microdreamer.texture.refine import RefineConfig, TargetsFn, refine_texture, splat_targets
+from microdreamer.texture.unwrap import UVLayout, unwrap
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MODES",
+    "BakeConfig",
+    "BakeViewsConfig",
+    "RefineConfig",
+    "TargetsFn",
+    "TexelSamples",
+    "TextureConfig",
+    "TextureResult",
+    "UVLayout",
+    "bake_cameras",
+    "bake_field",
+    "bake_views",
+    "colour_field",
+    "colour_field_reference",
+    "fill_texture",
+    "mesh_render_fn",
+    "refine_texture",
+    "splat_render_fn",
+    "splat_targets",
+    "texel_samples",
+    "texture_mesh",
+    "unwrap",
+]
+
+MODES = ("bake", "field", "none")
+
+
+@dataclass
+class TextureConfig:
+    """Settings of the texture stage.
+
+    Attributes:
+        mode: ``"bake"`` (from splat renders), ``"field"`` (from the colour field) or ``"none"``.
+        size: the texture is size x size texels.
+        max_faces: face cap before unwrapping (decimation); None = no cap.
+        padding: texels between charts in the atlas.
+        bake: the back-projection bake (view set, thresholds, renderer backend).
+        field_cutoff_tol: the field bake's cutoff (as ``FieldConfig.cutoff_tol``); the field's other
+            normalisation settings are FieldConfig's defaults.
+        refine: stage-2 refinement; ``refine.steps = 0`` (the default) skips it.
+    """
+
+    mode: str = "bake"
+    size: int = 1024
+    max_faces: int | None = 50_000
+    padding: int = 2
+    bake: BakeConfig = field(default_factory=BakeConfig)
+    field_cutoff_tol: float = 1e-4
+    refine: RefineConfig = field(default_factory=RefineConfig)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InputError(f"texture mode {self.mode!r} is unknown; use one of {', '.join(MODES)}")
+        if not 16 <= int(self.size) <= 16384:
+            raise InputError(f"texture size {self.size} is out of range; use 16 to 16384 texels")
+        if self.max_faces is not None and self.max_faces < 4:
+            raise InputError(f"texture max_faces = {self.max_faces} is too small; use at least 4, or none")
+        if self.padding < 0:
+            raise InputError(f"texture padding = {self.padding} is negative; use 0 or more")
+
+
+@dataclass
+class TextureResult:
+    """What :func:`texture_mesh` returns.
+
+    Attributes:
+        mesh: the textured mesh (``uv`` and ``texture`` set), or the input mesh for mode ``"none"``.
+        stats: ``mode``, ``size``, the unwrap stats (``faces_in``, ``faces``, ``charts``,
+            ``utilization``), the fill counts (``texels_covered``, ``texels_seen``,
+            ``texels_filled_3d``, ``texels_dilated``), optional ``refine`` stats, and ``seconds``
+            per step (``decimate``, ``unwrap``, ``texels``, ``render``, ``rasterize``, ``project`` or
+            ``field``, ``fill``, ``refine``).
+    """
+
+    mesh: Mesh
+    stats: dict
+
+
+def texture_mesh(
+    mesh: Mesh,
+    splat,
+    config: TextureConfig | None = None,
+    device: str | torch.device = "cpu",
+    targets_fn: TargetsFn | None = None,
+    progress: bool = False,
+) -> TextureResult:
+    """Unwrap ``mesh`` and bake the texture of ``splat`` onto it (see the module docstring).
+
+    Args:
+        mesh: the mesh extracted from ``splat`` (same coordinates), non-empty.
+        splat: :class:`microdreamer.splat.Splat` (moved to ``device``).
+        config: stage settings; None = defaults (bake, 1024^2, 50k-face cap, no refinement).
+        device: where the bake runs (``"cuda"``: gsplat renders with ``bake.backend="auto"``).
+        targets_fn: refinement targets, cameras -> [C, H, W, 3 or 4]; None = the splat's own renders
+            (:func:`splat_targets`). Used only when ``config.refine.steps > 0``.
+        progress: tqdm progress bars for the bake and the refinement.
+
+    Returns:
+        :class:`TextureResult`.
+    """
+    config = config or TextureConfig()
+    if config.mode == "none":
+        return TextureResult(mesh, {"mode": "none"})
+    if mesh.is_empty:
+        raise ValueError("cannot texture an empty mesh (0 faces)")
+    device = torch.device(device)
+    seconds: dict[str, float] = {}
+
+    layout = unwrap(mesh, config.max_faces, config.size, config.padding)
+    seconds["decimate"] = layout.stats["seconds"]["decimate"]
+    seconds["unwrap"] = layout.stats["seconds"]["xatlas"]
+    stats = {"mode": config.mode, "size": config.size}
+    stats.update({k: v for k, v in layout.stats.items() if k != "seconds"})
+
+    start = time.perf_counter()
+    verts = torch.as_tensor(layout.mesh.vertices, device=device)
+    faces = torch.as_tensor(layout.mesh.faces, device=device)
+    uv = torch.as_tensor(layout.uv, device=device)
+    samples = texel_samples(verts, faces, uv, config.size, config.size)
+    seconds["texels"] = time.perf_counter() - start
+
+    splat = splat.to(device)
+    if config.mode == "bake":
+        center, radius = framing(verts)
+        cameras = bake_cameras(config.bake.views, center, radius)
+        colors, seen, bake_stats = bake_views(
+            samples, verts, faces, cameras, splat_render_fn(splat, config.bake.backend), config.bake, progress
+        )
+        seconds.update(bake_stats["seconds"])
+        stats["views"] = bake_stats["views"]
+    else:
+        from microdreamer.field import FieldConfig
+
+        start = time.perf_counter()
+        colors, seen, field_stats = bake_field(
+            samples, splat, FieldConfig(cutoff_tol=config.field_cutoff_tol)
+        )
+        seconds["field"] = time.perf_counter() - start
+        stats.update(field_stats)
+
+    start = time.perf_counter()
+    texture, fill_stats = fill_texture(samples, colors, seen)
+    seconds["fill"] = time.perf_counter() - start
+    stats.update(fill_stats)
+    out = layout.with_texture(texture)
+
+    if config.refine.steps > 0:
+        fn = targets_fn if targets_fn is not None else splat_targets(splat, config.bake.backend)
+        out, refine_stats = refine_texture(out, fn, config.refine, device, progress=progress)
+        seconds["refine"] = refine_stats["seconds"]
+        stats["refine"] = {k: v for k, v in refine_stats.items() if k != "seconds"}
+    stats["seconds"] = seconds
+    logger.info(
+        "texture: %s %dx%d, %d of %d covered texels seen, %.1f s",
+        config.mode, config.size, config.size, stats["texels_seen"], stats["texels_covered"], sum(seconds.values()),
+    )  # fmt: skip
+    return TextureResult(out, stats)

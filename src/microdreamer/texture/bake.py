@@ -1,0 +1,319 @@
+"""Multi-view back-projection bake: colour every texel of a UV atlas from renders of the splat.
+
+The bake is texel-centric. Every covered texel has a surface point and a face normal
+(:func:`~microdreamer.texture.atlas.texel_samples`). For each view:
+
+1. the splat is rendered (premultiplied colour over black, and alpha) and the mesh is rasterised
+   with :func:`microdreamer.render.mesh.rasterize` (its depth is the visibility buffer);
+2. each texel's point is projected into the view. It counts only if it faces the camera (the cosine
+   between its normal and the direction to the camera is above ``cos_threshold``) and is visible: at
+   each of the four pixels its bilinear lookup touches, the mesh covers the pixel and the rasterised
+   depth matches the point's depth within a tolerance that allows for the surface's slope over 1.5
+   pixels (so grazing surfaces are not rejected by their own depth gradient) plus ``depth_eps``
+   relative;
+3. its colour is the bilinear lookup of the premultiplied render divided by that of alpha (the
+   splat's colour without the background), kept where the looked-up alpha is at least ``min_alpha``,
+   and blended over views with weight ``alpha * cosine ** cos_power`` (a high power favours the most
+   frontal view and keeps detail sharp; 0 is a plain average).
+
+Texels no view saw, and the gutters between charts, are then filled
+(:func:`~microdreamer.texture.atlas.fill_texture`). The default view set is the issue's: 8 azimuths
+at elevations 0 and +-45 degrees, plus straight above and below, 512 x 512 pixels, framed so that the
+mesh's bounding sphere fills the field of view.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from microdreamer.cameras import Cameras, orbit_cameras
+from microdreamer.texture.atlas import TexelSamples
+
+logger = logging.getLogger(__name__)
+
+# render_fn(cameras) -> (premultiplied rgb [C, H, W, 3], alpha [C, H, W, 1]) on the cameras' device
+RenderFn = Callable[[Cameras], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class BakeViewsConfig:
+    """The views a bake renders.
+
+    Attributes:
+        size: H = W of each view, pixels.
+        azimuths: views per elevation ring, evenly spaced from azimuth 0.
+        elevations: ring elevations in degrees (MicroDreamer's sign: negative = above).
+        poles: add one view straight above and one straight below.
+        fovy_deg: vertical field of view.
+        margin: camera distance = margin * (bounding-sphere radius / sin(fovy / 2)); 1 = the sphere
+            touches the image border.
+    """
+
+    size: int = 512
+    azimuths: int = 8
+    elevations: tuple[float, ...] = (0.0, 45.0, -45.0)
+    poles: bool = True
+    fovy_deg: float = 49.1
+    margin: float = 1.05
+
+    def __post_init__(self) -> None:
+        if self.size < 8:
+            raise ValueError(f"bake view size {self.size} is too small; use at least 8 pixels")
+        if self.azimuths < 1 and not self.poles:
+            raise ValueError("the bake needs at least one view: azimuths >= 1 or poles")
+        if not 0.0 < self.fovy_deg < 180.0:
+            raise ValueError(f"fovy_deg = {self.fovy_deg} is out of range; use a value in (0, 180)")
+        if self.margin <= 0.0:
+            raise ValueError(f"margin = {self.margin} must be positive")
+        self.elevations = tuple(float(e) for e in self.elevations)
+
+    @property
+    def num_views(self) -> int:
+        return self.azimuths * len(self.elevations) + (2 if self.poles else 0)
+
+
+@dataclass
+class BakeConfig:
+    """Settings of the back-projection bake (see the module docstring).
+
+    Attributes:
+        views: the view set.
+        cos_threshold: texels seen at a cosine at or below this are not taken from that view.
+        cos_power: blending weight ``alpha * cosine ** cos_power``.
+        min_alpha: the splat's looked-up alpha below which a view gives no colour.
+        depth_eps: relative depth tolerance of the visibility test, added to the slope allowance.
+        cull_backfaces: skip back faces when rasterising for visibility (faster; exact for closed,
+            consistently wound meshes such as the mesh stage makes; set False for open meshes).
+        view_batch: views rendered and rasterised at once (memory: about 60 bytes per pixel of a
+            batch for the rasteriser plus the renderer's own).
+        backend: Gaussian renderer backend, ``"auto" | "torch" | "gsplat"``.
+    """
+
+    views: BakeViewsConfig = field(default_factory=BakeViewsConfig)
+    cos_threshold: float = 0.1
+    cos_power: float = 4.0
+    min_alpha: float = 0.5
+    depth_eps: float = 2e-3
+    cull_backfaces: bool = True
+    view_batch: int = 4
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.views, dict):
+            self.views = BakeViewsConfig(**self.views)
+        if not -1.0 <= self.cos_threshold < 1.0:
+            raise ValueError(f"cos_threshold = {self.cos_threshold} is out of range; use a value in [-1, 1)")
+        if self.cos_power < 0:
+            raise ValueError(f"cos_power = {self.cos_power} must be >= 0")
+        if not 0.0 <= self.min_alpha <= 1.0:
+            raise ValueError(f"min_alpha = {self.min_alpha} is out of range; use a value in [0, 1]")
+        if self.view_batch < 1:
+            raise ValueError(f"view_batch = {self.view_batch} must be >= 1")
+
+
+def framing(vertices: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(centre [3] of the bounding box, radius of the sphere about it holding every vertex)."""
+    lo, hi = vertices.amin(0), vertices.amax(0)
+    center = (lo + hi) / 2
+    radius = float((vertices - center).norm(dim=-1).max())
+    return center, max(radius, 1e-6)
+
+
+def centred_orbit_cameras(
+    elevation_deg,
+    azimuth_deg,
+    center: torch.Tensor,
+    bound_radius: float,
+    fovy_deg: float,
+    size: int,
+    margin: float,
+) -> Cameras:
+    """Orbit cameras around ``center`` (not the origin) at the distance that frames a sphere of
+    ``bound_radius``: ``margin * bound_radius / sin(fovy / 2)``."""
+    distance = margin * bound_radius / math.sin(math.radians(fovy_deg) / 2)
+    cams = orbit_cameras(elevation_deg, azimuth_deg, distance, fovy_deg, size, size)
+    c = center.detach().float().cpu()
+    viewmats = cams.viewmats.clone()
+    viewmats[:, :3, 3] -= viewmats[:, :3, :3] @ c  # world point p -> R (p - c) + t
+    near = max(1e-3, 0.05 * (distance - bound_radius))
+    far = 2.0 * (distance + bound_radius)
+    return Cameras(viewmats, cams.Ks, size, size, near, far)
+
+
+def bake_cameras(config: BakeViewsConfig, center: torch.Tensor, bound_radius: float) -> Cameras:
+    """The C = ``config.num_views`` cameras of the view set, framing the given bounding sphere."""
+    els, azs = [], []
+    for el in config.elevations:
+        for k in range(config.azimuths):
+            els.append(el)
+            azs.append(360.0 * k / config.azimuths)
+    if config.poles:
+        els += [-90.0, 90.0]
+        azs += [0.0, 0.0]
+    return centred_orbit_cameras(els, azs, center, bound_radius, config.fovy_deg, config.size, config.margin)
+
+
+def splat_render_fn(splat, backend: str = "auto") -> RenderFn:
+    """A :data:`RenderFn` rendering ``splat`` (premultiplied colour over black, and alpha)."""
+    from microdreamer.render.gaussians import render
+
+    def fn(cameras: Cameras) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            out = render(splat, cameras.to(splat.device), background=(0.0, 0.0, 0.0), backend=backend)
+        return out.rgb.float(), out.alpha.float()
+
+    return fn
+
+
+def mesh_render_fn(mesh, ssaa: int = 1) -> RenderFn:
+    """A :data:`RenderFn` rendering a textured or coloured mesh (``vertices``, ``faces``, ``uv`` +
+    float ``texture`` or ``vertex_colors``, as :func:`microdreamer.render.mesh.render_mesh` takes)."""
+    from microdreamer.render.mesh import render_mesh
+
+    def fn(cameras: Cameras) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            out = render_mesh(mesh, cameras, background=(0.0, 0.0, 0.0), ssaa=ssaa)
+        return out.rgb, out.alpha
+
+    return fn
+
+
+def bake_views(
+    samples: TexelSamples,
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    cameras: Cameras,
+    render_fn: RenderFn,
+    config: BakeConfig | None = None,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Back-project C views onto the covered texels.
+
+    Args:
+        samples: T covered texels (points and normals) of the mesh ``vertices``, ``faces``.
+        vertices: [V, 3] float32, faces: [F, 3] int64, on the device the bake runs on.
+        cameras: C views (H x W).
+        render_fn: what is baked: cameras -> (premultiplied rgb [C, H, W, 3], alpha [C, H, W, 1]).
+        config: thresholds and batching (its ``views`` is not used here).
+        progress: show a tqdm progress bar over the views.
+
+    Returns:
+        ``(colors [T, 3] float32, seen [T] bool, stats)``; stats holds ``seconds`` {``render``,
+        ``rasterize``, ``project``} and ``views``.
+    """
+    from microdreamer.render.mesh import rasterize
+
+    config = config or BakeConfig()
+    device = vertices.device
+    cameras = cameras.to(device)
+    T = len(samples)
+    num = torch.zeros(T, 3, device=device)
+    den = torch.zeros(T, device=device)
+    seconds = {"render": 0.0, "rasterize": 0.0, "project": 0.0}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(cameras), desc="bake", unit="view", leave=False)
+    for b in range(0, len(cameras), config.view_batch):
+        cams = cameras[b : b + config.view_batch]
+        start = time.perf_counter()
+        rgb, alpha = render_fn(cams)
+        rgb, alpha = rgb.to(device), alpha.to(device)
+        _sync(device)
+        seconds["render"] += time.perf_counter() - start
+        start = time.perf_counter()
+        with torch.no_grad():
+            frags = rasterize(vertices, faces, cams, cull_backfaces=config.cull_backfaces)
+        _sync(device)
+        seconds["rasterize"] += time.perf_counter() - start
+        start = time.perf_counter()
+        rgba = torch.cat([rgb, alpha], dim=-1).reshape(len(cams), -1, 4)
+        depth = torch.where(frags.alpha > 0, frags.depth, torch.full_like(frags.depth, math.inf))
+        depth = depth.reshape(len(cams), -1)
+        for c in range(len(cams)):
+            _accumulate(samples, cams[c], rgba[c], depth[c], config, num, den)
+        _sync(device)
+        seconds["project"] += time.perf_counter() - start
+        if bar is not None:
+            bar.update(len(cams))
+    if bar is not None:
+        bar.close()
+    seen = den > 0
+    colors = num / den.clamp_min(1e-12)[:, None]
+    return colors.clamp(0.0, 1.0), seen, {"seconds": seconds, "views": len(cameras)}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _accumulate(
+    samples: TexelSamples,
+    cam: Cameras,
+    rgba: torch.Tensor,
+    depth: torch.Tensor,
+    config: BakeConfig,
+    num: torch.Tensor,
+    den: torch.Tensor,
+) -> None:
+    """Add one view's weighted colours to num [T, 3] and den [T] (in place).
+
+    rgba: [H W, 4] premultiplied colour and alpha of the render; depth: [H W] camera-space z of the
+    mesh raster, +inf where the mesh does not cover the pixel.
+    """
+    H, W = cam.height, cam.width
+    R, t = cam.viewmats[0, :3, :3], cam.viewmats[0, :3, 3]
+    K = cam.Ks[0]
+    centre = -R.T @ t
+    # facing test first, on all texels: cos = n . (centre - p) / |centre - p|
+    to_cam = centre - samples.points
+    dist = to_cam.norm(dim=-1).clamp_min(1e-12)
+    cos = (samples.normals * to_cam).sum(-1) / dist
+    idx = (cos > config.cos_threshold).nonzero(as_tuple=True)[0]
+    if idx.numel() == 0:
+        return
+    cos = cos[idx]
+    pc = samples.points[idx] @ R.T + t  # camera space
+    z = pc[:, 2]
+    zs = z.clamp_min(1e-9)
+    x = K[0, 0] * pc[:, 0] / zs + K[0, 2] - 0.5  # continuous pixel index (centres at integers)
+    y = K[1, 1] * pc[:, 1] / zs + K[1, 2] - 0.5
+    ok = (z > cam.near) & (x >= 0) & (y >= 0) & (x <= W - 1) & (y <= H - 1)
+    if not bool(ok.all()):
+        keep = ok.nonzero(as_tuple=True)[0]
+        idx, cos, x, y, z = idx[keep], cos[keep], x[keep], y[keep], z[keep]
+    if idx.numel() == 0:
+        return
+    x0 = x.floor().long().clamp(0, max(W - 2, 0))
+    y0 = y.floor().long().clamp(0, max(H - 2, 0))
+    fx, fy = x - x0, y - y0
+    # depth tolerance: the surface's depth change over 1.5 pixels at this slope, plus depth_eps
+    tan = (1.0 - cos * cos).clamp_min(0.0).sqrt() / cos
+    tol = z * (config.depth_eps + 1.5 * tan / K[1, 1].abs())
+    base = y0 * W + x0
+    x1 = (x0 + 1).clamp(max=W - 1) - x0
+    y1 = ((y0 + 1).clamp(max=H - 1) - y0) * W
+    pix = torch.stack([base, base + x1, base + y1, base + y1 + x1], dim=-1)  # [n, 4]
+    visible = ((depth[pix] - z[:, None]).abs() <= tol[:, None]).all(dim=-1)  # inf depth: not covered
+    keep = visible.nonzero(as_tuple=True)[0]
+    if keep.numel() == 0:
+        return
+    pix, fx, fy, cos, idx = pix[keep], fx[keep], fy[keep], cos[keep], idx[keep]
+    wts = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], dim=-1)  # [n, 4]
+    sample = (wts[:, :, None] * rgba[pix]).sum(dim=1)  # [n, 4]
+    a = sample[:, 3]
+    use = (a >= config.min_alpha) & (a > 0)
+    if not bool(use.any()):
+        return
+    a = a[use]
+    weight = a * cos[use] ** config.cos_power
+    num.index_add_(0, idx[use], (weight / a)[:, None] * sample[use, :3])
+    den.index_add_(0, idx[use], weight)
