@@ -1,0 +1,282 @@
+"""Turntable renders of a mesh or a splat: .mp4 / .gif videos and a .png contact sheet.
+
+:func:`render_turntable` renders ``frames`` views on a circle at one elevation (the camera orbits the
+object's bounding-box centre, framed so its bounding sphere fills the view) and writes:
+
+* ``.mp4``: H.264 through imageio with the imageio-ffmpeg backend (optional packages: without them a
+  one-line error suggests ``.gif``);
+* ``.gif``: through Pillow (looping, 256-colour palette per frame);
+* ``.png``: a contact sheet of ``sheet_views`` views (default 8, as 2 rows of 4), azimuths spread
+  evenly from 0.
+
+The file is written to a temporary name and renamed when complete. :func:`load_renderable` opens
+what ``microdreamer render`` is given: a 3DGS PLY as a :class:`~microdreamer.splat.Splat`, anything
+else (OBJ, GLB, a mesh PLY) as a :class:`~microdreamer.mesh_io.TexturedMesh`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from microdreamer.errors import InputError
+from microdreamer.io_utils import atomic_path
+
+logger = logging.getLogger(__name__)
+
+FORMATS = (".mp4", ".gif", ".png")
+
+
+def is_splat_ply(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a PLY whose header declares 3DGS properties (``f_dc_0`` and ``opacity``)."""
+    path = Path(path)
+    if path.suffix.lower() != ".ply" or not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    end = head.find(b"end_header")
+    header = head[: end if end >= 0 else len(head)]
+    return b"f_dc_0" in header and b"opacity" in header
+
+
+def load_renderable(path: str | os.PathLike):
+    """A splat (3DGS PLY) or a mesh (OBJ, GLB/glTF, mesh PLY, OFF, STL) to render.
+
+    Raises:
+        InputError: the file is missing or unreadable (from the loaders).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path} does not exist; give a splat .ply or a mesh (.glb, .obj, .ply)")
+    if is_splat_ply(path):
+        from microdreamer.splat import read_ply
+
+        return read_ply(path)
+    from microdreamer.mesh_io import load_textured_mesh
+
+    return load_textured_mesh(path)
+
+
+def _as_render_mesh(mesh):
+    """A :class:`~microdreamer.mesh.Mesh` (uint8 texture) or TexturedMesh -> a TexturedMesh (float texture)."""
+    from microdreamer.mesh_io import TexturedMesh
+
+    if isinstance(mesh, TexturedMesh):
+        return mesh
+    texture = mesh.texture_float() if hasattr(mesh, "texture_float") else getattr(mesh, "texture", None)
+    uv = getattr(mesh, "uv", None) if texture is not None else None
+    return TexturedMesh(mesh.vertices, mesh.faces, uv, texture, getattr(mesh, "vertex_colors", None))
+
+
+def _splat_framing(splat) -> tuple[torch.Tensor, float]:
+    """Centre and radius of a splat: robust to floaters (0.5% / 99.5% quantiles of the visible centres)."""
+    with torch.no_grad():
+        opac = splat.opacities().float()
+        means = splat.means.float()[opac > 0.005]
+        if means.shape[0] == 0:
+            means = splat.means.float()
+        if means.shape[0] == 0:
+            return torch.zeros(3), 1.0
+        lo = torch.quantile(means.cpu(), 0.005, dim=0)
+        hi = torch.quantile(means.cpu(), 0.995, dim=0)
+        center = (lo + hi) / 2
+        inside = ((means.cpu() >= lo) & (means.cpu() <= hi)).all(-1)
+        radius = float((means.cpu()[inside] - center).norm(dim=-1).max()) if inside.any() else 1.0
+        radius += 2.0 * float(splat.scales().float().median())
+    return center, max(radius, 1e-6)
+
+
+def turntable_frames(
+    source,
+    azimuths_deg: Sequence[float],
+    elevation_deg: float = 0.0,
+    size: int = 512,
+    fovy_deg: float = 49.1,
+    margin: float = 1.1,
+    background: Sequence[float] = (1.0, 1.0, 1.0),
+    device: str | torch.device = "cpu",
+    backend: str = "auto",
+    ssaa: int = 2,
+    batch: int = 4,
+) -> Iterator[np.ndarray]:
+    """Render ``source`` from each azimuth; yields [H, W, 3] uint8 frames (H = W = size).
+
+    Args:
+        source: a :class:`~microdreamer.splat.Splat`, a :class:`~microdreamer.mesh.Mesh` or a
+            :class:`~microdreamer.mesh_io.TexturedMesh`.
+        azimuths_deg: one frame per azimuth (0 = from +z).
+        elevation_deg: MicroDreamer's sign (negative = above).
+        fovy_deg, margin: framing (camera distance = margin * radius / sin(fovy / 2)).
+        background: RGB in [0, 1].
+        device: where to render.
+        backend: Gaussian renderer backend (splats).
+        ssaa: supersampling of the mesh renderer (antialiased edges).
+        batch: views rendered at once.
+    """
+    from microdreamer.splat import Splat
+    from microdreamer.texture.bake import centred_orbit_cameras, framing
+
+    device = torch.device(device)
+    if isinstance(source, Splat):
+        splat = source.to(device)
+        center, radius = _splat_framing(splat)
+        mesh = None
+    else:
+        mesh = _as_render_mesh(source)
+        if mesh.num_faces == 0:
+            raise InputError("the mesh to render has no faces; give a triangle mesh")
+        center, radius = framing(torch.as_tensor(mesh.vertices))
+        splat = None
+    az = torch.as_tensor(list(azimuths_deg), dtype=torch.float32)
+    cams = centred_orbit_cameras(
+        torch.full_like(az, float(elevation_deg)), az, center, radius, fovy_deg, size, margin
+    ).to(device)
+    for b in range(0, len(cams), batch):
+        part = cams[b : b + batch]
+        with torch.no_grad():
+            if splat is not None:
+                from microdreamer.render.gaussians import render
+
+                rgb = render(splat, part, background=background, backend=backend).rgb
+            else:
+                from microdreamer.render.mesh import render_mesh
+
+                rgb = render_mesh(mesh, part, background=background, ssaa=ssaa).rgb
+        frames = (rgb.clamp(0, 1) * 255.0).round().to(torch.uint8).cpu().numpy()
+        yield from frames
+
+
+def contact_sheet(frames: Sequence[np.ndarray], columns: int = 4) -> np.ndarray:
+    """Tile equally sized [H, W, 3] uint8 frames into a grid ``columns`` wide (row-major), filling a
+    short last row with the first frame's corner colour."""
+    n = len(frames)
+    h, w = frames[0].shape[:2]
+    rows = -(-n // columns)
+    sheet = np.empty((rows * h, columns * w, 3), np.uint8)
+    sheet[:] = frames[0][0, 0]
+    for i, frame in enumerate(frames):
+        r, c = divmod(i, columns)
+        sheet[r * h : (r + 1) * h, c * w : (c + 1) * w] = frame
+    return sheet
+
+
+def _mp4_available() -> bool:
+    return (
+        importlib.util.find_spec("imageio") is not None
+        and importlib.util.find_spec("imageio_ffmpeg") is not None
+    )
+
+
+def render_turntable(
+    source,
+    output: str | os.PathLike,
+    frames: int = 120,
+    size: int = 512,
+    elevation_deg: float = 0.0,
+    fps: int = 30,
+    sheet_views: int = 8,
+    background: Sequence[float] = (1.0, 1.0, 1.0),
+    device: str | torch.device = "cpu",
+    backend: str = "auto",
+    ssaa: int = 2,
+    progress: bool = True,
+) -> Path:
+    """Render a turntable of ``source`` to ``output`` (.mp4, .gif or .png contact sheet).
+
+    Args:
+        source: a path (see :func:`load_renderable`), a Splat, a Mesh or a TexturedMesh.
+        output: the file to write; its suffix picks the format.
+        frames: video frames over one full turn (azimuth 0 to 360 - 360 / frames).
+        size: frame width and height in pixels.
+        elevation_deg: camera elevation (0 = level; negative = above, MicroDreamer's sign).
+        fps: video frame rate.
+        sheet_views: views on the .png contact sheet (4 per row).
+        background: RGB in [0, 1].
+        device, backend, ssaa: see :func:`turntable_frames`.
+        progress: show a tqdm bar over the frames.
+
+    Returns:
+        ``output`` as a Path.
+
+    Raises:
+        InputError: unknown suffix, missing output folder, .mp4 without imageio-ffmpeg, unreadable
+            input.
+    """
+    output = Path(output)
+    suffix = output.suffix.lower()
+    if suffix not in FORMATS:
+        given = output.suffix or "(none)"
+        raise InputError(f"{output}: unsupported turntable format {given!r}; use .mp4, .gif or .png")
+    if not output.parent.is_dir():
+        raise InputError(
+            f"{output}: the folder {output.parent} does not exist; create it or choose another path"
+        )
+    if suffix == ".mp4" and not _mp4_available():
+        raise InputError(
+            f"{output}: writing .mp4 needs imageio and imageio-ffmpeg (pip install imageio imageio-ffmpeg); "
+            "or write a .gif instead"
+        )
+    if frames < 1 or size < 8 or sheet_views < 1:
+        raise InputError(
+            f"turntable frames = {frames}, size = {size}, sheet views = {sheet_views}: use >= 1, >= 8, >= 1"
+        )
+    if isinstance(source, str | os.PathLike):
+        source = load_renderable(source)
+    count = sheet_views if suffix == ".png" else frames
+    azimuths = [360.0 * k / count for k in range(count)]
+    it = turntable_frames(
+        source,
+        azimuths,
+        elevation_deg,
+        size,
+        background=background,
+        device=device,
+        backend=backend,
+        ssaa=ssaa,
+    )
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, total=count, desc="render", unit="frame", leave=False)
+    with atomic_path(output) as tmp:
+        if suffix == ".mp4":
+            import imageio.v2 as imageio
+
+            writer = imageio.get_writer(
+                str(tmp),
+                format="FFMPEG",
+                fps=fps,
+                codec="libx264",
+                quality=8,
+                pixelformat="yuv420p",
+                macro_block_size=2,
+            )
+            try:
+                for frame in it:
+                    writer.append_data(frame)
+            finally:
+                writer.close()
+        else:
+            from PIL import Image
+
+            images = list(it)
+            if suffix == ".gif":
+                pil = [Image.fromarray(f) for f in images]
+                pil[0].save(
+                    tmp,
+                    format="GIF",
+                    save_all=True,
+                    append_images=pil[1:],
+                    duration=max(1, round(1000 / fps)),
+                    loop=0,
+                )
+            else:
+                Image.fromarray(contact_sheet(images)).save(tmp, format="PNG")
+    logger.info("wrote %s (%d %s)", output, count, "views" if suffix == ".png" else "frames")
+    return output
