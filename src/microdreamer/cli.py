@@ -136,6 +136,62 @@ def cmd_render_views(args: argparse.Namespace) -> None:
           f"in {time.perf_counter() - t:.2f} s -> {out / 'transforms.json'}")  # fmt: skip
 
 
+def cmd_reconstruct(args: argparse.Namespace) -> None:
+    from microdreamer.config import load_preset
+    from microdreamer.pipeline import resolve_device
+    from microdreamer.train.config import ReconstructConfig
+    from microdreamer.train.reconstruct import reconstruct_dataset
+
+    cfg = load_preset(ReconstructConfig, args.config) if args.config else ReconstructConfig()
+    if args.iters is not None:
+        if args.iters < 1:
+            raise InputError(f"--iters {args.iters}: must be at least 1")
+        cfg.iters = args.iters
+    device = resolve_device(args.device)
+    metrics = reconstruct_dataset(args.data, args.output, cfg, device=device, mesh=not args.no_mesh)
+    out = Path(args.output)
+    psnr = metrics.get("psnr")
+    print(f"Gaussians: {metrics.get('num_gaussians')}")
+    if psnr is not None:
+        print(f"held-out views: PSNR {psnr:.2f} dB, SSIM {metrics.get('ssim'):.4f}")
+    print("seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.get("seconds", {}).items()))
+    files = ["splat.ply", "metrics.json"] + ([] if args.no_mesh else ["mesh.glb"])
+    print("wrote " + ", ".join(str(out / f) for f in files))
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from microdreamer.config import load_preset
+    from microdreamer.generate import GenerateConfig, generate
+
+    cfg = load_preset(GenerateConfig, args.config) if args.config else GenerateConfig()
+    if args.iters is not None:
+        if args.iters < 1:
+            raise InputError(f"--iters {args.iters}: must be at least 1")
+        cfg.sir.iterations = args.iters
+    if args.seed is not None:
+        cfg.sir.seed = args.seed
+    if args.elevation is not None:
+        if not -90 < args.elevation < 90:
+            raise InputError(f"--elevation {args.elevation}: must be between -90 and 90 degrees")
+        cfg.elevation_deg = args.elevation
+    if args.random_weights:
+        print(f"WARNING: --random-weights {args.random_weights}: the diffusion model has RANDOM weights; "
+              "the output is noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip
+    update, close = _progress_bar("SIR iterations")
+    try:
+        report = generate(args.image, args.output, cfg, model=args.model, random_weights=args.random_weights,
+                          device=args.device, progress=update)  # fmt: skip
+    finally:
+        close()
+    stages = report.get("stages", {})
+    print("seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
+          + f" (after model load {report.get('seconds_after_load', float('nan')):.2f})")  # fmt: skip
+    print(f"Gaussians: {report.get('num_gaussians')}, mesh: {report.get('mesh_vertices')} vertices, "
+          f"{report.get('mesh_faces')} faces")  # fmt: skip
+    out = Path(args.output)
+    print("wrote " + ", ".join(str(out / f) for f in ("splat.ply", "mesh.glb", "views.png", "timings.json")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="microdreamer", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -187,6 +243,32 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--texture", default=None, help="texture image for an OBJ without an MTL")
     sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     sp.set_defaults(func=cmd_render_views)
+
+    sp = sub.add_parser("reconstruct", help="reconstruct a splat (and mesh) from a transforms.json dataset")
+    sp.add_argument("data", help="dataset folder with transforms.json and RGBA PNGs")
+    sp.add_argument("-o", "--output", required=True, help="output folder: splat.ply, mesh.glb, metrics.json")
+    sp.add_argument("--iters", type=int, default=None, help="optimisation steps (default 2000)")
+    sp.add_argument("--no-mesh", action="store_true", help="skip the mesh export")
+    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    sp.add_argument("--config", default=None, metavar="YAML", help="a ReconstructConfig preset")
+    sp.set_defaults(func=cmd_reconstruct)
+
+    sp = sub.add_parser("generate", help="image-to-3D: MicroDreamer's SIR with a Zero123 prior")
+    sp.add_argument("image", help="input image: RGBA (its alpha is the mask) or RGB (background removed)")
+    sp.add_argument(
+        "-o", "--output", required=True, help="output folder: splat.ply, mesh.glb, views.png, timings.json"
+    )
+    sp.add_argument("--model", default=None, help="diffusers-format folder or a repo id in the local Hugging Face cache "
+                    "(default ashawkey/stable-zero123-diffusers)")  # fmt: skip
+    sp.add_argument("--iters", type=int, default=None, help="SIR iterations (default 20)")
+    sp.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
+    sp.add_argument("--elevation", type=float, default=None, help="elevation of the input view in degrees "
+                    "(MicroDreamer's sign: negative = from above; default 0)")  # fmt: skip
+    sp.add_argument("--random-weights", choices=["tiny", "full"], default=None,
+                    help="use a randomly initialised model (timing and plumbing only: the output is noise)")  # fmt: skip
+    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    sp.add_argument("--config", default=None, metavar="YAML", help="a GenerateConfig preset")
+    sp.set_defaults(func=cmd_generate)
     return p
 
 
