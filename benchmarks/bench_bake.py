@@ -1,0 +1,359 @@
+"""Texture-bake benchmarks: speed of a 50k-face bake into a 1024^2 atlas, and bake quality on spot.
+
+    python benchmarks/bench_bake.py speed [--device cpu|cuda] [--splat PATH] [--layout-cache FILE.npz]
+    python benchmarks/bench_bake.py quality [--size 1024] [--views 512]
+
+``speed``: the sample splat ``dg_ghost_amd_17k.ply`` -> mesh (128^3 exact field, decimated to 50k
+faces) -> xatlas unwrap (timed once; cached in ``--layout-cache`` so that a device run can skip it) ->
+the bake steps, each timed (warm-up, then the median of ``--repeat`` runs, device synchronised): texel
+sampling of the 1024^2 atlas, splat renders of the 26 default views at 512^2, mesh rasterisation for
+visibility, back-projection, fill. "bake" = everything but the splat renders and the unwrap; "bake +
+renders" adds the renders.
+
+``quality``: Keenan Crane's spot (``../shared/samples/meshes/spot``), two measurements:
+
+* ``gt_renders``: spot's geometry re-unwrapped with xatlas, baked from renders of the textured ground
+  truth (the default 26 views), then rendered at 8 held-out views and compared with the ground truth
+  (PSNR over the object's pixels, and over whole images on white): the bake's own loss.
+* ``surface_splat``: a splat made in code from spot (flat Gaussians at area-weighted surface samples,
+  coloured from the texture; not a trained reconstruction) -> mesh stage -> bake -> PSNR of the
+  textured mesh's renders vs the ground-truth spot and vs the splat's own renders at 8 held-out views.
+
+Results go to benchmarks/results/bake_<mode>_<device>.json with the command and hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / ".." / "shared" / "samples"
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def hardware(device: torch.device) -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        info["load_average_1min"] = os.getloadavg()[0]
+    except OSError:
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device, repeat: int):
+    """(last result, median seconds) of ``fn()`` after one warm-up run."""
+    out = fn()
+    times = []
+    for _ in range(repeat):
+        _sync(device)
+        start = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return out, statistics.median(times)
+
+
+def build_layout(splat_path: Path, cache: Path | None, faces: int):
+    """The 50k-face mesh of the splat, unwrapped; from ``cache`` when it exists."""
+    from microdreamer.mesh import Mesh
+    from microdreamer.texture import UVLayout, unwrap
+
+    if cache is not None and cache.exists():
+        data = np.load(cache)
+        mesh = Mesh(data["vertices"], data["faces"])
+        return UVLayout(mesh, data["uv"], data["source_vertex"], json.loads(str(data["stats"])))
+    from microdreamer.field import FieldConfig
+    from microdreamer.mesh import MeshConfig
+    from microdreamer.pipeline import splat_to_mesh
+    from microdreamer.splat import read_ply
+
+    splat = read_ply(splat_path)
+    result = splat_to_mesh(splat, FieldConfig(resolution=128), MeshConfig(), torch.device("cpu"))
+    layout = unwrap(result.mesh, max_faces=faces, texture_size=1024)
+    if cache is not None:
+        np.savez(
+            cache, vertices=layout.mesh.vertices, faces=layout.mesh.faces, uv=layout.uv,
+            source_vertex=layout.source_vertex, stats=json.dumps(layout.stats),
+        )  # fmt: skip
+    return layout
+
+
+def bench_speed(args) -> dict:
+    from microdreamer.splat import read_ply
+    from microdreamer.texture import (
+        BakeConfig,
+        bake_cameras,
+        bake_views,
+        fill_texture,
+        splat_render_fn,
+        texel_samples,
+    )
+    from microdreamer.texture.bake import framing
+
+    device = torch.device(args.device)
+    splat_path = Path(args.splat)
+    layout = build_layout(splat_path, Path(args.layout_cache) if args.layout_cache else None, args.faces)
+    splat = read_ply(splat_path).to(device)
+    verts = torch.as_tensor(layout.mesh.vertices, device=device)
+    faces = torch.as_tensor(layout.mesh.faces, device=device)
+    uv = torch.as_tensor(layout.uv, device=device)
+    size = args.texture_size
+    config = BakeConfig(backend=args.backend)
+
+    samples, t_texels = timed(lambda: texel_samples(verts, faces, uv, size, size), device, args.repeat)
+    center, radius = framing(verts)
+    cams = bake_cameras(config.views, center, radius).to(device)
+    render = splat_render_fn(splat, args.backend)
+    renders, t_render = timed(lambda: render(cams), device, max(1, args.repeat // 2))
+    cached = {"rgb": renders[0], "alpha": renders[1]}
+
+    def cached_render(c):  # the renders above, by view: the bake without rendering
+        idx = [int(i) for i in _view_index(cams, c)]
+        return cached["rgb"][idx], cached["alpha"][idx]
+
+    def bake():
+        return bake_views(samples, verts, faces, cams, cached_render, config)
+
+    (colors, seen, stats), t_bake_views = timed(bake, device, args.repeat)
+    (texture, fill_stats), t_fill = timed(lambda: fill_texture(samples, colors, seen), device, args.repeat)
+    seconds = {
+        "unwrap_xatlas_cpu": layout.stats["seconds"]["xatlas"],
+        "texels": t_texels,
+        "splat_renders": t_render,
+        "rasterize": stats["seconds"]["rasterize"],
+        "project": stats["seconds"]["project"],
+        "bake_views_total": t_bake_views,
+        "fill": t_fill,
+    }
+    seconds["bake"] = t_texels + t_bake_views + t_fill
+    seconds["bake_plus_renders"] = seconds["bake"] + t_render
+    return {
+        "mode": "speed",
+        "device": str(device),
+        "render_backend": args.backend,
+        "faces": layout.mesh.num_faces,
+        "vertices": layout.mesh.num_vertices,
+        "charts": layout.stats.get("charts"),
+        "texture_size": size,
+        "views": len(cams),
+        "view_size": cams.width,
+        "texels_covered": fill_stats["texels_covered"],
+        "texels_seen": fill_stats["texels_seen"],
+        "repeat": args.repeat,
+        "seconds": seconds,
+        "targets": {"cpu_bake_s": 30.0, "h200_bake_s": 0.5},
+    }
+
+
+def _view_index(all_cams, cams) -> list[int]:
+    """Indices in ``all_cams`` of the views ``cams`` (matched by their view matrices)."""
+    d = (all_cams.viewmats[None] - cams.viewmats[:, None].to(all_cams.device)).abs().flatten(2).amax(-1)
+    return d.argmin(1).tolist()
+
+
+# ---------------------------------------------------------------------------------------------------
+# quality on spot
+
+
+def spot_surface_splat(gt, n: int, seed: int = 0):
+    """Flat Gaussians at n area-weighted surface samples of the textured mesh ``gt``, tangent to it,
+    coloured by the texture at their UVs; the scale follows the mean sample spacing."""
+    from microdreamer.mesh.types import sample_texture_numpy
+    from microdreamer.splat import Splat
+
+    rng = np.random.default_rng(seed)
+    v, f = gt.vertices.astype(np.float64), gt.faces
+    tri = v[f]
+    normal = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    area = np.linalg.norm(normal, axis=1) / 2
+    face = rng.choice(len(f), n, p=area / area.sum())
+    r1, r2 = rng.random(n), rng.random(n)
+    s = np.sqrt(r1)
+    bary = np.stack([1 - s, s * (1 - r2), s * r2], 1)
+    points = (bary[:, :, None] * tri[face]).sum(1)
+    uv = (bary[:, :, None] * gt.uv[f][face]).sum(1)
+    colors = sample_texture_numpy(gt.texture, uv)
+    nrm = normal[face] / np.linalg.norm(normal[face], axis=1, keepdims=True)
+    z = np.array([0.0, 0.0, 1.0])
+    quats = np.concatenate([(1.0 + nrm @ z)[:, None], np.cross(z, nrm)], 1)
+    quats[quats[:, 0] < 1e-6] = [0.0, 1.0, 0.0, 0.0]
+    spacing = np.sqrt(area.sum() / n)
+    scales = np.tile([spacing, spacing, 0.1 * spacing], (n, 1))
+    return Splat.from_activated(
+        torch.tensor(points, dtype=torch.float32),
+        torch.tensor(scales, dtype=torch.float32),
+        torch.tensor(quats, dtype=torch.float32),
+        torch.full((n,), 0.95),
+        torch.tensor(colors, dtype=torch.float32),
+    )
+
+
+def _psnrs(pred, ref, mask) -> dict:
+    m = (mask[..., 0] > 0).float()
+    mse_obj = ((pred - ref) ** 2).mean(-1).mul(m).sum((1, 2)) / m.sum((1, 2))
+    mse_all = ((pred - ref) ** 2).mean((1, 2, 3))
+    return {
+        "psnr_object_mean": float((-10 * torch.log10(mse_obj)).mean()),
+        "psnr_image_mean": float((-10 * torch.log10(mse_all)).mean()),
+        "per_view_object": [round(float(x), 2) for x in -10 * torch.log10(mse_obj)],
+    }
+
+
+def bench_quality(args) -> dict:
+    from microdreamer.field import FieldConfig
+    from microdreamer.mesh import Mesh, MeshConfig
+    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.pipeline import splat_to_mesh
+    from microdreamer.render.gaussians import render
+    from microdreamer.render.mesh import render_mesh
+    from microdreamer.texture import (
+        BakeConfig,
+        BakeViewsConfig,
+        TextureConfig,
+        bake_cameras,
+        bake_views,
+        fill_texture,
+        mesh_render_fn,
+        texel_samples,
+        texture_mesh,
+        unwrap,
+    )
+    from microdreamer.texture.bake import centred_orbit_cameras, framing
+    from microdreamer.turntable import _as_render_mesh
+
+    spot = SAMPLES / "meshes" / "spot"
+    if not (spot / "spot_triangulated.obj").exists():
+        raise SystemExit(f"spot sample not found under {spot}")
+    gt = load_textured_mesh(spot / "spot_triangulated.obj", spot / "spot_texture.png")
+    device = torch.device(args.device)
+    center, radius = framing(torch.as_tensor(gt.vertices))
+    g = torch.Generator().manual_seed(1234)
+    held = centred_orbit_cameras(
+        -30 + 60 * torch.rand(8, generator=g),
+        360 * torch.rand(8, generator=g),
+        center,
+        radius,
+        49.1,
+        512,
+        1.05,
+    )
+    ref = render_mesh(gt, held, ssaa=2)
+    views = BakeViewsConfig(size=args.views)
+    out: dict = {"mode": "quality", "texture_size": args.size, "view_size": args.views, "heldout_views": 8}
+
+    # 1. bake spot's own colours from renders of the textured ground truth
+    start = time.perf_counter()
+    layout = unwrap(Mesh(gt.vertices, gt.faces), max_faces=None, texture_size=args.size)
+    verts, faces = torch.as_tensor(layout.mesh.vertices), torch.as_tensor(layout.mesh.faces)
+    samples = texel_samples(verts, faces, torch.as_tensor(layout.uv), args.size, args.size)
+    config = BakeConfig(views=views)
+    cams = bake_cameras(views, *framing(verts))
+    colors, seen, _ = bake_views(
+        samples, verts, faces, cams, mesh_render_fn(gt, ssaa=2), config, progress=True
+    )
+    texture, fill = fill_texture(samples, colors, seen)
+    baked = layout.with_texture(texture)
+    pred = render_mesh(_as_render_mesh(baked), held, ssaa=2)
+    out["gt_renders"] = {
+        "seconds": time.perf_counter() - start,
+        **fill,
+        **_psnrs(pred.rgb, ref.rgb, ref.alpha),
+    }
+    print("gt_renders", json.dumps(out["gt_renders"]), flush=True)
+
+    # 2. a splat made from spot -> mesh -> bake; vs ground truth and vs the splat's renders
+    splat = spot_surface_splat(gt, args.gaussians)
+    result = splat_to_mesh(splat, FieldConfig(resolution=args.resolution), MeshConfig(), device)
+    start = time.perf_counter()
+    tconf = TextureConfig(size=args.size, bake=BakeConfig(views=views))
+    textured = texture_mesh(result.mesh, splat, tconf, device=device, progress=True)
+    pred = render_mesh(_as_render_mesh(textured.mesh), held.to(device), ssaa=2)
+    with torch.no_grad():
+        splat_img = render(
+            splat.to(device), held.to(device), background=(1.0, 1.0, 1.0), backend=args.backend
+        )
+    stats = {k: v for k, v in textured.stats.items() if k != "seconds"}
+    out["surface_splat"] = {
+        "gaussians": len(splat),
+        "mesh_faces": result.mesh.num_faces,
+        "seconds": time.perf_counter() - start,
+        "seconds_by_step": textured.stats["seconds"],
+        "stats": stats,
+        "vs_ground_truth": _psnrs(pred.rgb.cpu(), ref.rgb, ref.alpha),
+        "vs_splat_renders": _psnrs(pred.rgb.cpu(), splat_img.rgb.cpu().float(), pred.alpha.cpu()),
+    }
+    print("surface_splat", json.dumps(out["surface_splat"]), flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["speed", "quality"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="auto", help="Gaussian renderer backend")
+    parser.add_argument("--splat", default=str(SAMPLES / "splats" / "dg_ghost_amd_17k.ply"))
+    parser.add_argument("--layout-cache", default=None)
+    parser.add_argument("--faces", type=int, default=50_000)
+    parser.add_argument("--texture-size", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--size", type=int, default=1024, help="quality: texture size")
+    parser.add_argument("--views", type=int, default=512, help="quality: bake view size")
+    parser.add_argument("--gaussians", type=int, default=60_000, help="quality: Gaussians of the spot splat")
+    parser.add_argument("--resolution", type=int, default=192, help="quality: field resolution")
+    parser.add_argument(
+        "--out", default=None, help="JSON path (default benchmarks/results/bake_<mode>_<device>.json)"
+    )
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    result = bench_speed(args) if args.mode == "speed" else bench_quality(args)
+    result["command"] = "python benchmarks/bench_bake.py " + " ".join(sys.argv[1:])
+    result["hardware"] = hardware(device)
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT / "benchmarks" / "results" / f"bake_{args.mode}_{device.type}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.mode == "speed":
+        width = max(len(k) for k in result["seconds"])
+        print(
+            f"\n{'step':<{width}}  seconds ({result['device']}, {result['faces']} faces, {args.texture_size}^2)"
+        )
+        for k, v in result["seconds"].items():
+            print(f"{k:<{width}}  {v:8.3f}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
