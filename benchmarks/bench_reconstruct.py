@@ -2,6 +2,7 @@
 
     python benchmarks/bench_reconstruct.py step [--out FILE] [--n 5000 50000] [--views 6] [--size 256]
     python benchmarks/bench_reconstruct.py spot [--out FILE] [--workdir DIR] [--iters 2000]
+    python benchmarks/bench_reconstruct.py sweep --splat SPLAT.ply --data DATASET [--levels ...]
 
 ``step``: one 6-view 256^2 forward + backward of the renderer (loss = sum of RGB and alpha), per
 backend and splat size, and one full :meth:`GaussianTrainer.step` (render, L1 + alpha loss, backward,
@@ -9,7 +10,8 @@ Adam, gradient statistics); CUDA-event medians after warm-up, peak memory above 
 
 ``spot``: issue 4's must-show: render 32 + 4 held-out 256^2 views of Keenan Crane's Spot (the read-only
 ``../shared/samples/meshes/spot``, or ``--mesh``/``--texture``), reconstruct, extract the mesh, and
-compare it with the ground truth (Chamfer-L1 and F-score at 1% of the bounding-box diagonal).
+compare it with the ground truth (Chamfer-L1 and F-score at 1% of the bounding-box diagonal), also
+re-meshing the same splat at several iso-levels. ``sweep``: that re-meshing alone, for a saved splat.
 
 The table is printed last; the JSON holds every number, the command line and the hardware.
 """
@@ -128,6 +130,41 @@ def bench_step(args) -> dict:
     return {"rows": rows}
 
 
+def level_sweep(splat, gt, levels, device) -> dict:
+    """Mesh metrics of one splat's density field meshed at several iso-levels."""
+    from microdreamer.field import FieldConfig, density_field
+    from microdreamer.mesh import MeshConfig, extract_mesh
+    from microdreamer.metrics import mesh_metrics
+
+    fld = density_field(splat, FieldConfig(), device=device)
+    sweep = {}
+    for level in levels:
+        try:
+            m, _ = extract_mesh(
+                fld.values.cpu().numpy(), fld.grid.origin, fld.grid.spacing, MeshConfig(threshold=level)
+            )
+            sweep[str(level)] = mesh_metrics(m, gt, n=100_000, tau_fractions=(0.01,))
+        except ValueError as e:  # a level the field never crosses, or an empty mesh
+            sweep[str(level)] = {"error": str(e)}
+    return sweep
+
+
+def bench_sweep(args) -> dict:
+    """Re-mesh a saved splat (e.g. the H200 spot reconstruction) at several iso-levels."""
+    from microdreamer.data import load_dataset
+    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.splat import read_ply
+
+    mesh_path = Path(args.mesh) if args.mesh else SPOT / "spot_triangulated.obj"
+    texture = Path(args.texture) if args.texture else SPOT / "spot_texture.png"
+    norm = load_dataset(args.data).normalization
+    gt = load_textured_mesh(mesh_path, texture).transformed(norm.center, norm.scale)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sweep = level_sweep(read_ply(args.splat), gt, args.levels, device)
+    print(json.dumps(sweep, indent=2), flush=True)
+    return {"splat": str(args.splat), "mesh_metrics_by_threshold": sweep}
+
+
 def bench_spot(args) -> dict:
     from microdreamer.data import load_dataset, render_views
     from microdreamer.mesh_io import load_textured_mesh
@@ -145,15 +182,21 @@ def bench_spot(args) -> dict:
     t = time.perf_counter()
     render_views(mesh_path, data, views=32, size=256, seed=0, texture=texture, device=device)
     t_views = time.perf_counter() - t
-    config = ReconstructConfig(iters=args.iters)
+    config = ReconstructConfig(iters=args.iters, densify_grad_threshold_3dgs=args.grad_3dgs)
     config.train.backend = args.backend
-    metrics = reconstruct_dataset(data, work / "spot_out", config, device=device, progress=False)
+    config.train.opacity_reset_interval = args.reset
+    out_dir = work / "spot_out"
+    metrics = reconstruct_dataset(data, out_dir, config, device=device, progress=False)
     norm = load_dataset(data).normalization
     gt = load_textured_mesh(mesh_path, texture).transformed(norm.center, norm.scale)
     import trimesh
 
-    pred = trimesh.load(work / "spot_out" / "mesh.glb", force="mesh")
+    pred = trimesh.load(out_dir / "mesh.glb", force="mesh")
     mm = mesh_metrics(pred, gt, n=100_000, tau_fractions=(0.01,))
+    # the same splat's field meshed at other iso-levels (the reconstruction's default is 0.2)
+    from microdreamer.splat import read_ply
+
+    sweep = level_sweep(read_ply(out_dir / "splat.ply"), gt, args.levels, device)
     result = {
         "render_views_s": t_views,
         "psnr_held_out": metrics["psnr"],
@@ -163,6 +206,10 @@ def bench_spot(args) -> dict:
         "seconds": metrics["seconds"],
         "mesh": metrics["mesh"],
         "mesh_metrics": mm,
+        "mesh_metrics_by_threshold": sweep,
+        "densify_grad_threshold": metrics["densify_grad_threshold"],
+        "densify_grad_threshold_3dgs": args.grad_3dgs,
+        "opacity_reset_interval": args.reset,
         "iters": args.iters,
         "backend": metrics["render_backend"],
     }
@@ -172,7 +219,7 @@ def bench_spot(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["step", "spot"])
+    ap.add_argument("mode", choices=["step", "spot", "sweep"])
     ap.add_argument("--out", default=None, help="JSON file to write")
     ap.add_argument("--n", type=int, nargs="+", default=[5000, 50000])
     ap.add_argument("--views", type=int, default=6)
@@ -184,8 +231,17 @@ def main() -> None:
     ap.add_argument("--mesh", default=None)
     ap.add_argument("--texture", default=None)
     ap.add_argument("--backend", default="auto", help="spot: render backend of the reconstruction")
+    ap.add_argument("--splat", default=None, help="sweep: the splat PLY to re-mesh")
+    ap.add_argument("--data", default=None, help="sweep: its render-views dataset (for the normalisation)")
+    ap.add_argument(
+        "--grad-3dgs", type=float, default=0.0002, help="spot: densification threshold (3DGS units)"
+    )
+    ap.add_argument("--reset", type=int, default=500, help="spot: opacity reset interval (0: none)")
+    ap.add_argument(
+        "--levels", type=float, nargs="*", default=[0.5, 1.0, 2.0], help="spot: iso-levels to sweep"
+    )
     args = ap.parse_args()
-    result = bench_step(args) if args.mode == "step" else bench_spot(args)
+    result = {"step": bench_step, "spot": bench_spot, "sweep": bench_sweep}[args.mode](args)
     doc = {"command": "python " + shlex.join(sys.argv), "hardware": hardware(), **result}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

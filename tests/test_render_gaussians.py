@@ -166,7 +166,7 @@ def test_float32_tiles_and_chunks_match_reference(tile_size):
     # float32 against float64: 2e-5 covers float32 rounding of sums of up to ~100 terms
     np.testing.assert_allclose(out.rgb.numpy(), rgb, atol=2e-5, rtol=0)
     np.testing.assert_allclose(out.alpha.numpy(), alpha, atol=2e-5, rtol=0)
-    # tiny chunks and forced checkpointing give the same image
+    # tiny chunks give the same image
     proj = tr.project(
         splat.means,
         splat.covariances(),
@@ -252,7 +252,7 @@ def test_gradcheck_all_parameters():
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
-def test_gradcheck_checkpointed_rasterize():
+def test_gradcheck_rasterize_small_chunks():
     splat = random_splat(5, seed=2, spread=0.3, log_scale=-1.7, dtype=torch.float64)
     cams = test_cameras(10, 9, n=1)
     op = splat.opacities().detach()
@@ -264,7 +264,7 @@ def test_gradcheck_checkpointed_rasterize():
 
     def fn(m2, con, opr, feats):
         p = tr.Projection(means2d=m2, conics=con, depths=proj.depths.detach(), radii=proj.radii)
-        return tr.rasterize(p, opr, feats, 10, 9, tile_size=4, chunk_elems=256, checkpoint_above=0)
+        return tr.rasterize(p, opr, feats, 10, 9, tile_size=4, chunk_elems=256)
 
     assert torch.autograd.gradcheck(fn, (m2, con, opr, feats), eps=1e-6, atol=1e-5, rtol=1e-4)
 
@@ -318,6 +318,8 @@ def test_gsplat_matches_torch_backend(sh_degree):
     # gradients: float32 sums over thousands of pixels in a different order; compare each
     # parameter's gradient relative to its largest entry (2e-3) and its overall direction
     for name in gt:
+        if params[name].numel() == 0:
+            continue  # degree 0: no higher SH bands (autograd gives None or an empty gradient)
         a, b = gg[name].flatten(), gt[name].flatten()
         scale = b.abs().max().clamp_min(1e-12)
         assert ((a - b).abs().max() / scale) < 2e-3, name

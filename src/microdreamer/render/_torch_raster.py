@@ -21,9 +21,8 @@ rounding:
   normalised by alpha; 0 where nothing is drawn).
 
 Memory stays bounded: pixels are processed in square tiles (8 x 8 by default), each with its own
-depth-sorted list of Gaussians, a chunk of tiles at a time (padded to the chunk's longest list), and
-under autograd, for large images, each chunk is recomputed in the backward pass (activation
-checkpointing) instead of being stored.
+depth-sorted list of Gaussians, a chunk of tiles at a time (padded to the chunk's longest list); the
+compositing has its own backward pass, which recomputes each chunk instead of storing it.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 ALPHA_THRESHOLD = 1.0 / 255.0  # alphas below this are skipped
 MAX_ALPHA = 0.999  # alphas are clamped to this
@@ -133,9 +131,34 @@ def project(
     return Projection(means2d=means2d, conics=conics, depths=z, radii=radii)
 
 
-def _composite_chunk(
-    expo_coef: torch.Tensor, feats: torch.Tensor, basis: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _weights(expo_coef: torch.Tensor, basis: torch.Tensor, need_grad_mask: bool = False):
+    """Per pixel-Gaussian alphas, transmittances and blending weights of a chunk (no autograd).
+
+    Returns:
+        (alpha [B, P, M] after the clamp and the skips, T before each Gaussian [B, P, M], weights
+        w = alpha * T [B, P, M], and with ``need_grad_mask`` the [B, P, M] bool mask of pairs that
+        receive gradients: drawn and not clamped at 0.999 (else None)).
+    """
+    expo = torch.matmul(basis, expo_coef.transpose(1, 2))  # [B, P, M]
+    # the floor changes nothing drawn (e^-30 << 1/255) but keeps exp() off its slow underflow path
+    alpha = torch.exp(expo.clamp_(min=-SIGMA_MAX))
+    live = alpha <= MAX_ALPHA if need_grad_mask else None
+    alpha.clamp_(max=MAX_ALPHA)
+    alpha.masked_fill_(alpha < ALPHA_THRESHOLD, 0.0)
+    t_after = torch.cumprod(1.0 - alpha, dim=-1)
+    t_before = torch.cat([torch.ones_like(t_after[..., :1]), t_after[..., :-1]], dim=-1)
+    # stop before the Gaussian that takes T to <= 1e-4; T only falls, so the kept Gaussians are a
+    # prefix and their weights equal those of a loop that breaks there
+    stop = t_after <= T_THRESHOLD
+    if bool(stop[..., -1].any()):
+        alpha.masked_fill_(stop, 0.0)
+    weights = alpha * t_before
+    if need_grad_mask:
+        live &= alpha > 0
+    return alpha, t_before, weights, live
+
+
+class _Composite(torch.autograd.Function):
     """Front-to-back compositing of B tiles of P pixels, each with M depth-sorted Gaussians.
 
     A Gaussian's alpha at pixel ``p = o + u`` (``o`` the tile centre) is ``exp(e(u))`` with the
@@ -143,31 +166,43 @@ def _composite_chunk(
     ``e = basis(u) . coef`` with ``basis = [1, ux, uy, ux^2/2, ux uy, uy^2/2]``. One batched matrix
     product gives a chunk's exponents; local offsets keep float32 cancellation small.
 
+    The backward pass recomputes the chunk (so nothing of size B x P x M is stored) and applies
+    ``dL/dalpha_i = T_i (g . f_i) - sum_{j > i} w_j (g . f_j) / (1 - alpha_i)``.
+    """
+
+    @staticmethod
+    def forward(ctx, expo_coef: torch.Tensor, feats: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+        """expo_coef [B, M, 6]; feats [B, M, K]; basis [P, 6] -> [B, P, K] sum_i w_i f_i."""
+        _, _, weights, _ = _weights(expo_coef, basis)
+        ctx.save_for_backward(expo_coef, feats, basis)
+        return torch.bmm(weights, feats)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        expo_coef, feats, basis = ctx.saved_tensors
+        alpha, t_before, weights, live = _weights(expo_coef, basis, need_grad_mask=True)
+        s = torch.bmm(grad_out, feats.transpose(1, 2))  # [B, P, M]: g . f_i
+        ws = weights * s
+        suffix = ws.flip(-1).cumsum(-1).flip(-1) - ws  # sum_{j > i} w_j s_j
+        g_alpha = t_before * s - suffix / (1.0 - alpha)
+        g_expo = torch.where(live, g_alpha * alpha, torch.zeros_like(g_alpha))
+        g_coef = torch.matmul(g_expo.transpose(1, 2), basis)  # [B, M, 6]
+        g_feats = torch.bmm(weights.transpose(1, 2), grad_out)  # [B, M, K]
+        return g_coef, g_feats, None
+
+
+def _composite_chunk(expo_coef: torch.Tensor, feats: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """[B, P, K] accumulated features sum_i w_i f_i of a chunk (see :class:`_Composite`).
+
     Args:
         expo_coef: [B, M, 6] exponent coefficients (padding slots hold a constant far below
             ln(1/255), so they are skipped like any faint Gaussian).
         feats: [B, M, K] features to composite (the last one is all ones: it accumulates alpha).
         basis: [P, 6] pixel basis.
-
-    Returns:
-        [B, P, K] accumulated features sum_i w_i f_i (the last channel is sum_i w_i = 1 - T).
     """
-    expo = torch.matmul(basis, expo_coef.transpose(1, 2))  # [B, P, M]
-    # the floor changes nothing drawn (e^-30 << 1/255) but keeps exp() off its slow underflow path
-    alpha = torch.exp(expo.clamp(min=-SIGMA_MAX)).clamp(max=MAX_ALPHA)
-    with torch.no_grad():
-        skip = alpha < ALPHA_THRESHOLD
-    alpha = alpha.masked_fill(skip, 0.0)
-    t_after = torch.cumprod(1.0 - alpha, dim=-1)
-    t_before = torch.cat([torch.ones_like(t_after[..., :1]), t_after[..., :-1]], dim=-1)
-    weights = alpha * t_before  # [B, P, M]
-    with torch.no_grad():
-        # stop before the Gaussian that takes T to <= 1e-4; T only falls, so the kept Gaussians
-        # are a prefix and their weights equal those of a loop that breaks there
-        stop = t_after <= T_THRESHOLD
-        any_stop = bool(stop[..., -1].any())
-    if any_stop:
-        weights = weights.masked_fill(stop, 0.0)
+    if torch.is_grad_enabled() and (expo_coef.requires_grad or feats.requires_grad):
+        return _Composite.apply(expo_coef, feats, basis)
+    _, _, weights, _ = _weights(expo_coef, basis)
     return torch.bmm(weights, feats)
 
 
@@ -195,7 +230,6 @@ def rasterize(
     height: int,
     tile_size: int = TILE_SIZE,
     chunk_elems: int = 1 << 20,
-    checkpoint_above: int = 1 << 25,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Alpha-composite projected Gaussians into C images of W x H pixels.
 
@@ -204,9 +238,8 @@ def rasterize(
         opacities: [N] in (0, 1).
         feats: [C, N, K] per-camera features to composite (e.g. RGB and depth), or [N, K].
         tile_size: tile edge in pixels.
-        chunk_elems: cap on B x P x M (tiles x pixels x Gaussians) per chunk: bounds peak memory.
-        checkpoint_above: under autograd, when the whole image set needs more than this many
-            pixel-Gaussian pairs, chunks are recomputed in the backward pass instead of stored.
+        chunk_elems: cap on B x P x M (tiles x pixels x Gaussians) per chunk: bounds peak memory
+            (forward and backward: the backward pass recomputes each chunk).
 
     Returns:
         (accumulated features [C, H, W, K] = sum_i w_i f_i with no background,
@@ -272,8 +305,6 @@ def rasterize(
         opac_flat = opacities[None, :].expand(C, N).reshape(C * N)
         # a channel of ones accumulates alpha = sum_i w_i alongside the features
         feat_flat = torch.cat([feats.reshape(C * N, K), torch.ones(C * N, 1, device=dev, dtype=dt)], -1)
-        total_elems = sum(ne_counts) * P
-        use_checkpoint = torch.is_grad_enabled() and total_elems > checkpoint_above
         outs, tiles_done = [], []
         i = 0
         n_ne = len(ne_counts)
@@ -294,11 +325,7 @@ def rasterize(
             expo_coef = _exponent_coefficients(
                 means_flat[gid], conic_flat[gid], opac_flat[gid], centre, valid
             )
-            args = (expo_coef, feat_flat[gid], basis)
-            if use_checkpoint:
-                outs.append(checkpoint(_composite_chunk, *args, use_reentrant=False))
-            else:
-                outs.append(_composite_chunk(*args))
+            outs.append(_composite_chunk(expo_coef, feat_flat[gid], basis))
             tiles_done.append(tiles_b)
             i += b
         done = torch.cat(tiles_done)

@@ -118,7 +118,7 @@ def _reconstruction_train_config() -> TrainConfig:
         densify_start_iter=100,
         densify_end_iter=1200,
         densify_interval=100,
-        opacity_reset_interval=0,
+        opacity_reset_interval=500,
         max_gaussians=500_000,
         lambda_alpha=1.0,
         random_background=True,
@@ -133,7 +133,9 @@ class ReconstructConfig:
         train: the optimisation settings; the defaults differ from MicroDreamer's (which are tuned
             for 500 steps against a diffusion prior) in: a 2000-step position schedule, densification
             from step 100 to 1200 (threshold: see ``densify_grad_threshold_3dgs``) capped at 500k
-            Gaussians, no opacity reset, an alpha term and random backgrounds.
+            Gaussians, opacity resets at steps 500 and 1000 (they clear the initial ball's
+            occluded interior, which would otherwise leave density ~1 inside the object), an alpha
+            term and random backgrounds.
         iters: optimisation steps.
         batch_views: views rendered per step (MicroDreamer renders 6).
         eval_background: background of the held-out evaluation renders and targets (PSNR, SSIM).
@@ -142,6 +144,10 @@ class ReconstructConfig:
             threshold in 3DGS's convention (a per-view mean L1 loss; 3DGS uses 0.0002) converted to
             our per-view L1 sum: times ``H * W * 3 / batch_views``. MicroDreamer's 0.01 on 256^2
             views is ~3e-7 in that convention (it densifies nearly every Gaussian, three times).
+        mesh_threshold: iso-level of the density field for the exported mesh: MicroDreamer's
+            ``density_thresh`` (0.2). A reconstructed surface is a thin layer of partly transparent
+            Gaussians whose summed density peaks near 1, so DreamGaussian's level 1 cuts inside it
+            (Spot, H200: Chamfer-L1 0.99% of the diagonal at 1, 0.25% at 0.2).
     """
 
     train: TrainConfig = field(default_factory=_reconstruction_train_config)
@@ -150,6 +156,7 @@ class ReconstructConfig:
     eval_background: tuple[float, float, float] = (1.0, 1.0, 1.0)
     log_every: int = 25
     densify_grad_threshold_3dgs: float | None = 0.0002
+    mesh_threshold: float = 0.2
 
     def __post_init__(self) -> None:
         if self.iters < 0:

@@ -175,7 +175,8 @@ def reconstruct_dataset(
         device: where to train and render.
         mesh: also extract and write the mesh.
         field_config, mesh_config: :class:`microdreamer.field.FieldConfig` and
-            :class:`microdreamer.mesh.MeshConfig` for the mesh (their defaults when None).
+            :class:`microdreamer.mesh.MeshConfig` for the mesh (when None: the field's defaults, and
+            the mesh stage's with ``config.mesh_threshold`` as the iso-level).
 
     Returns:
         The metrics written to ``metrics.json``: {"psnr", "ssim" (held-out means, None without
@@ -217,6 +218,10 @@ def reconstruct_dataset(
     mesh_info = None
     if mesh:
         t = time.perf_counter()
+        if mesh_config is None:
+            from microdreamer.mesh import MeshConfig
+
+            mesh_config = MeshConfig(threshold=config.mesh_threshold)
         mesh_info = _export_mesh(splat, out / "mesh.glb", device, field_config, mesh_config)
         seconds["mesh"] = time.perf_counter() - t
 
@@ -233,6 +238,7 @@ def reconstruct_dataset(
         "image_size": [ds.cameras.width, ds.cameras.height],
         "eval_background": list(config.eval_background),
         "final_loss": stats["loss"],
+        "densify_grad_threshold": stats["densify_grad_threshold"],
         "seconds": seconds,
         "device": str(device),
         "render_backend": _backend_name(backend, device),
@@ -267,6 +273,7 @@ def _export_mesh(splat: Splat, path: Path, device: torch.device, field_config, m
     save_mesh(result.mesh, path)
     return {
         "path": path.name,
+        "threshold": mesh_config.threshold if mesh_config is not None else None,
         "vertices": int(len(result.mesh.vertices)),
         "faces": int(len(result.mesh.faces)),
         "field_resolution": result.resolution,
