@@ -314,13 +314,13 @@ def _points_off_the_cutoff(prepared, cutoff_sq: float, n: int, seed: int) -> tor
 
 
 @pytest.mark.parametrize("n", [0, 1, 37, 300])
-@pytest.mark.parametrize("cell,max_block", [(None, 1 << 22), (0.05, 97)])
-def test_colour_field_matches_the_float64_reference(n, cell, max_block):
+@pytest.mark.parametrize("cell,max_pairs", [(None, 1 << 20), (0.05, 97)])
+def test_colour_field_matches_the_float64_reference(n, cell, max_pairs):
     config = FieldConfig()
     splat = random_splat(n, seed=n + 11)
     prepared, grid, colors = prepared_with_colors(splat, config)
     pts = _points_off_the_cutoff(prepared, config.cutoff_sq, 2000, seed=n)
-    colour, weight = colour_field(pts, prepared, colors, config.cutoff_sq, cell=cell, max_block=max_block)
+    colour, weight = colour_field(pts, prepared, colors, config.cutoff_sq, cell=cell, max_pairs=max_pairs)
     ref_colour, ref_weight = colour_field_reference(pts, prepared, colors, config.cutoff_sq)
     if n > 0:
         assert (ref_weight > 0).float().mean() > 0.3  # the test points reach many Gaussians

@@ -12,8 +12,9 @@ cutoff: a Gaussian counts only where ``q_i(x) <= c^2``, ``c^2 = 2 ln(1 / cutoff_
 ``Splat.colors`` gives: view-dependent SH bands are ignored). A point no Gaussian reaches gets no
 colour (the fill of :func:`~microdreamer.texture.atlas.fill_texture` takes over).
 
-Speed: points are binned into cubic cells; each Gaussian joins the cells its cutoff box overlaps, and
-each cell is evaluated as one dense [points x Gaussians] block, cut to at most ``max_block`` pairs.
+Speed: points are binned into cubic cells; each Gaussian joins the cells its cutoff box overlaps; each
+point is evaluated against the Gaussians of its cell, as flat (point, Gaussian) pairs in chunks of at
+most ``max_pairs`` (bounded memory, no loop over cells, the same code on the CPU and CUDA).
 :func:`colour_field_reference` is the float64 brute force (every Gaussian at every point) the fast
 path is tested against.
 """
@@ -71,7 +72,7 @@ def colour_field(
     colors: torch.Tensor,
     cutoff_sq: float,
     cell: float | None = None,
-    max_block: int = 1 << 22,
+    max_pairs: int = 1 << 20,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The colour field at P points, binned (see the module docstring); runs on ``points``' device.
 
@@ -81,7 +82,7 @@ def colour_field(
             them for the config's cutoff). colors: [N, 3] float32.
         cutoff_sq: c^2.
         cell: cell edge in normalised units; None = the median Gaussian box half-width, at least 1/64.
-        max_block: the most (point, Gaussian) pairs evaluated at once (about 40 bytes each).
+        max_pairs: the most (point, Gaussian) pairs evaluated at once (about 100 bytes each).
 
     Returns:
         ``(colour [P, 3] float32, weight [P] float32)``; colour is 0 where weight is 0.
@@ -107,8 +108,6 @@ def colour_field(
     pcell = ((points - lo) / cell).floor().long().clamp_min(0)
     pcell = torch.minimum(pcell, dims - 1)
     pid = (pcell[:, 0] * dims_l[1] + pcell[:, 1]) * dims_l[2] + pcell[:, 2]
-    porder = torch.argsort(pid)
-    pid_sorted = pid[porder]
 
     # Gaussians -> cells their cutoff box overlaps (clipped to the points' cell grid)
     first = ((mu - rad - lo) / cell).floor().long()
@@ -130,27 +129,30 @@ def colour_field(
     gorder = torch.argsort(gcell)
     gcell_sorted, gid_sorted = gcell[gorder], gid[gorder]
 
-    ucells, pcounts = torch.unique_consecutive(pid_sorted, return_counts=True)
-    pstarts = torch.cumsum(pcounts, 0) - pcounts
-    gstart = torch.searchsorted(gcell_sorted, ucells)
-    gend = torch.searchsorted(gcell_sorted, ucells, right=True)
-    for ps, pc, gs, ge in zip(
-        pstarts.tolist(), pcounts.tolist(), gstart.tolist(), gend.tolist(), strict=True
-    ):
-        if ge <= gs:
+    # every point meets the Gaussians binned in its cell: (point, Gaussian) pairs, made in chunks of
+    # at most max_pairs and evaluated flat (no loop over cells)
+    first_g = torch.searchsorted(gcell_sorted, pid)
+    count = torch.searchsorted(gcell_sorted, pid, right=True) - first_g  # [P]
+    cum = torch.cumsum(count, 0)
+    total = int(cum[-1])
+    bounds = [0]
+    if total > max_pairs:
+        cuts = torch.arange(max_pairs, total, max_pairs, device=device)
+        bounds += torch.searchsorted(cum, cuts, right=True).tolist()
+    bounds = sorted(set(bounds)) + [P]
+    for p0, p1 in zip(bounds[:-1], bounds[1:], strict=False):
+        cnt = count[p0:p1]
+        pairs = int(cnt.sum())
+        if pairs == 0:
             continue
-        members = gid_sorted[gs:ge]
-        pts_idx = porder[ps : ps + pc]
-        rows = max(1, max_block // members.numel())
-        for r0 in range(0, pc, rows):
-            sel = pts_idx[r0 : r0 + rows]
-            d = points[sel, None, :] - mu[members][None]  # [p, g, 3]
-            u = torch.einsum("gij,pgj->pgi", M[members], d)
-            q = (u * u).sum(-1)
-            w = opac[members][None] * torch.exp(-0.5 * q)
-            w = w.masked_fill(q > cutoff_sq, 0.0)
-            weight[sel] = w.sum(-1)
-            colour[sel] = w @ cols[members]
+        point = torch.repeat_interleave(torch.arange(p0, p1, device=device), cnt)
+        offset = torch.repeat_interleave(torch.cumsum(cnt, 0) - cnt, cnt)
+        g = gid_sorted[first_g[point] + torch.arange(pairs, device=device) - offset]
+        u = torch.einsum("kij,kj->ki", M[g], points[point] - mu[g])
+        q = (u * u).sum(-1)
+        w = (opac[g] * torch.exp(-0.5 * q)).masked_fill_(q > cutoff_sq, 0.0)
+        weight.index_add_(0, point, w)
+        colour.index_add_(0, point, w[:, None] * cols[g])
     has = weight > 0
     colour = torch.where(has[:, None], colour / weight.clamp_min(1e-30)[:, None], torch.zeros_like(colour))
     return colour, weight
