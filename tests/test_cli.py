@@ -71,9 +71,13 @@ def test_output_formats_and_coordinates(tmp_path, suffix):
 
 
 def test_demo(tmp_path, capsys):
-    assert run_cli("demo", "-o", tmp_path / "demo", "--gaussians", 4000, "--resolution", 48) == 0
-    assert (tmp_path / "demo" / "splat.ply").exists() and (tmp_path / "demo" / "mesh.glb").exists()
-    assert "mesh.glb" in capsys.readouterr().out
+    """The end-to-end default, shrunk: object -> views -> splat -> mesh, metrics printed."""
+    out = tmp_path / "demo"
+    assert run_cli("demo", "-o", out, "--iters", 30, "--size", 32, "--resolution", 48) == 0
+    for name in ("object.ply", "views/transforms.json", "splat.ply", "mesh.glb", "metrics.json"):
+        assert (out / name).exists(), name
+    printed = capsys.readouterr().out
+    assert "PSNR" in printed and "Chamfer-L1" in printed and str(out / "mesh.glb") in printed
 
 
 # --------------------------------------------------------------------------- bad input
