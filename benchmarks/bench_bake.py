@@ -249,7 +249,7 @@ def bench_quality(args) -> dict:
         unwrap,
     )
     from microdreamer.texture.bake import centred_orbit_cameras, framing
-    from microdreamer.turntable import _as_render_mesh
+    from microdreamer.turntable import renderable_mesh
 
     spot = SAMPLES / "meshes" / "spot"
     if not (spot / "spot_triangulated.obj").exists():
@@ -283,7 +283,7 @@ def bench_quality(args) -> dict:
     )
     texture, fill = fill_texture(samples, colors, seen)
     baked = layout.with_texture(texture)
-    pred = render_mesh(_as_render_mesh(baked), held, ssaa=2)
+    pred = render_mesh(renderable_mesh(baked), held, ssaa=2)
     out["gt_renders"] = {
         "seconds": time.perf_counter() - start,
         **fill,
@@ -297,7 +297,7 @@ def bench_quality(args) -> dict:
     start = time.perf_counter()
     tconf = TextureConfig(size=args.size, bake=BakeConfig(views=views))
     textured = texture_mesh(result.mesh, splat, tconf, device=device, progress=True)
-    pred = render_mesh(_as_render_mesh(textured.mesh), held.to(device), ssaa=2)
+    pred = render_mesh(renderable_mesh(textured.mesh), held.to(device), ssaa=2)
     with torch.no_grad():
         splat_img = render(
             splat.to(device), held.to(device), background=(1.0, 1.0, 1.0), backend=args.backend

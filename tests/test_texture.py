@@ -364,10 +364,10 @@ def test_bake_reproduces_a_textured_object_from_its_renders():
 
     held = heldout_cameras(center, radius, 96, n=4)
     from microdreamer.render.mesh import render_mesh
-    from microdreamer.turntable import _as_render_mesh
+    from microdreamer.turntable import renderable_mesh
 
     want = render_mesh(gt, held)
-    got = render_mesh(_as_render_mesh(baked), held)
+    got = render_mesh(renderable_mesh(baked), held)
     # measured 61.5 dB (8-bit rounding of the texture alone allows about 59 dB): the floor leaves
     # room for resampling differences, and fails on any misplaced or blurred colour
     assert masked_psnr(got.rgb, want.rgb, want.alpha) > 45.0
@@ -444,6 +444,22 @@ def test_texture_mesh_bakes_a_splat_end_to_end():
     assert none.mesh is mesh
 
 
+def test_texture_mesh_field_mode_and_refinement_against_the_splat():
+    splat = surface_splat(2000, scale=0.03)
+    mesh = sphere_mesh(2)
+    config = TextureConfig(
+        mode="field", size=64, refine=RefineConfig(steps=6, lr=0.02, views=2, batch=1, size=32)
+    )
+    result = texture_mesh(mesh, splat, config)
+    assert result.mesh.texture.shape == (64, 64, 3)
+    assert result.stats["refine"]["steps"] == 6 and "refine" in result.stats["seconds"]
+    assert "field" in result.stats["seconds"] and "render" not in result.stats["seconds"]
+    # refining against the splat's own renders keeps the texture close to the field bake's colours
+    samples = texel_samples(*as_tensors(result.mesh, result.mesh.uv), 64, 64)
+    got = result.mesh.texture.reshape(-1, 3)[samples.index.numpy()] / 255.0
+    assert np.median(np.abs(got - position_color(samples.points.numpy()))) < 0.03
+
+
 def test_refine_moves_the_texture_towards_the_targets():
     gt = colored_sphere(3)
     layout = unwrap(Mesh(gt.vertices, gt.faces), max_faces=None, texture_size=64)
@@ -459,11 +475,11 @@ def test_refine_moves_the_texture_towards_the_targets():
     assert stats["loss_last"] < 0.3 * stats["loss_first"]
     center, radius = framing(torch.from_numpy(gt.vertices))
     held = heldout_cameras(center, radius, 48, n=4)
-    from microdreamer.turntable import _as_render_mesh
+    from microdreamer.turntable import renderable_mesh
 
     want = render_mesh(gt, held)
-    before = masked_psnr(render_mesh(_as_render_mesh(start), held).rgb, want.rgb, want.alpha)
-    after = masked_psnr(render_mesh(_as_render_mesh(refined), held).rgb, want.rgb, want.alpha)
+    before = masked_psnr(render_mesh(renderable_mesh(start), held).rgb, want.rgb, want.alpha)
+    after = masked_psnr(render_mesh(renderable_mesh(refined), held).rgb, want.rgb, want.alpha)
     assert after > before + 5.0
     np.testing.assert_array_equal(refined.uv, start.uv)
     with pytest.raises(ValueError, match="textured"):

@@ -63,8 +63,10 @@ def load_renderable(path: str | os.PathLike):
     return load_textured_mesh(path)
 
 
-def _as_render_mesh(mesh):
-    """A :class:`~microdreamer.mesh.Mesh` (uint8 texture) or TexturedMesh -> a TexturedMesh (float texture)."""
+def renderable_mesh(mesh):
+    """A :class:`~microdreamer.mesh.Mesh` (uint8 texture) or TexturedMesh -> a TexturedMesh (float texture
+    in [0, 1]), what :func:`microdreamer.render.mesh.render_mesh` samples: pass a textured Mesh through
+    this before rendering it (the renderer would read its uint8 texels as values up to 255)."""
     from microdreamer.mesh_io import TexturedMesh
 
     if isinstance(mesh, TexturedMesh):
@@ -128,7 +130,7 @@ def turntable_frames(
         center, radius = _splat_framing(splat)
         mesh = None
     else:
-        mesh = _as_render_mesh(source)
+        mesh = renderable_mesh(source)
         if mesh.num_faces == 0:
             raise InputError("the mesh to render has no faces; give a triangle mesh")
         center, radius = framing(torch.as_tensor(mesh.vertices))
