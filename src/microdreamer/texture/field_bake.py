@@ -81,7 +81,8 @@ def colour_field(
         prepared: N Gaussians (their ``radii`` must bound ``q <= cutoff_sq``, as prepare_gaussians makes
             them for the config's cutoff). colors: [N, 3] float32.
         cutoff_sq: c^2.
-        cell: cell edge in normalised units; None = the median Gaussian box half-width, at least 1/64.
+        cell: cell edge in normalised units; None = a third of the median Gaussian box half-width, at
+            least 1/128.
         max_pairs: the most (point, Gaussian) pairs evaluated at once (about 100 bytes each).
 
     Returns:
@@ -99,7 +100,9 @@ def colour_field(
     rad = prepared.radii.to(device)
     cols = colors.to(device).float()
     if cell is None:
-        cell = max(float(rad.amax(-1).median()), 1.0 / 64)
+        # a third of the median box half-width: fewer candidate pairs per point (measured ~35% less
+        # time than a whole half-width on the ghost sample) for more (Gaussian, cell) entries
+        cell = max(float(rad.amax(-1).median()) / 3.0, 1.0 / 128)
     lo = points.amin(0) - 1e-6
     dims = ((points.amax(0) - lo) / cell).floor().long() + 1  # [3] cells per axis
     dims_l = [int(v) for v in dims]
