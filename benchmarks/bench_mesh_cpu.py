@@ -1,4 +1,5 @@
-"""Wall-clock time of the `microdreamer mesh` command, Python start-up included, on this machine.
+"""Wall-clock time of `microdreamer mesh --texture none` (splat -> field -> mesh -> file), Python
+start-up included, on this machine (the texture stage is timed by bench_bake.py).
 
     python benchmarks/bench_mesh_cpu.py [--splat PATH] [--resolution 128] [--repeat 3]
 
@@ -56,7 +57,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("exact", "upstream"):
             cmd = [exe, "mesh", str(args.splat), "-o", f"{tmp}/mesh.glb", "--resolution", str(args.resolution),
-                   "--mode", mode, "--device", "cpu"]  # fmt: skip
+                   "--mode", mode, "--device", "cpu", "--texture", "none"]  # fmt: skip
             walls, stages = [], []
             for _ in range(args.repeat):
                 t = time.perf_counter()

@@ -30,10 +30,8 @@ def test_dreamgaussian_reference_mesh_within_one_voxel(tmp_path):
     splat_path = sample("splats/dg_creative_tmp_8.8k.ply")
     ref = load(sample("meshes/dreamgaussian_reference/creative_tmp/tmp_mesh.glb"))
     out = tmp_path / "creative.glb"
-    assert (
-        run_cli("mesh", splat_path, "-o", out, "--mode", "upstream", "--resolution", 128, "--threshold", 1)
-        == 0
-    )
+    args = ("--mode", "upstream", "--resolution", 128, "--threshold", 1, "--texture", "none")
+    assert run_cli("mesh", splat_path, "-o", out, *args) == 0
     means = read_ply(splat_path).means
     voxel = 2 / 128 * float((means.amax(0) - means.amin(0)).amax()) / 1.8
     d_ours_ref, d_ref_ours = surface_distances(load(out), ref, n=50_000)
@@ -48,7 +46,7 @@ def test_dreamgaussian_reference_mesh_within_one_voxel(tmp_path):
 )  # fmt: skip
 def test_every_sample_splat_converts(tmp_path, name, capsys):
     out = tmp_path / "m.ply"
-    assert run_cli("mesh", sample(f"splats/{name}"), "-o", out, "--resolution", 96) == 0
+    assert run_cli("mesh", sample(f"splats/{name}"), "-o", out, "--resolution", 96, "--texture", "none") == 0
     mesh = load(out)
     assert len(mesh.faces) > 100
     printed = capsys.readouterr().out
@@ -62,12 +60,43 @@ def test_output_formats_and_coordinates(tmp_path, suffix):
     splat.means += torch.tensor([5.0, -2.0, 1.0])
     write_ply(splat, tmp_path / "s.ply")
     out = tmp_path / f"m{suffix}"
-    assert run_cli("mesh", tmp_path / "s.ply", "-o", out, "--resolution", 48, "--decimate", 2000) == 0
+    assert (
+        run_cli(
+            "mesh", tmp_path / "s.ply", "-o", out, "--resolution", 48, "--decimate", 2000, "--texture", "none"
+        )
+        == 0
+    )
     mesh = load(out)
     assert len(mesh.faces) <= 2200
     centre = mesh.bounds.mean(0)
     assert np.allclose(centre, [5.0, -2.0, 1.0], atol=0.05)
     assert mesh.volume > 0  # outward faces
+
+
+@pytest.mark.parametrize("mode", ["bake", "field"])
+def test_textured_mesh(tmp_path, mode, capsys):
+    """The default mesh export carries a texture baked from the splat (small sizes to stay fast)."""
+    splat = make_synthetic_object(2000, seed=4, scale_fraction=0.03)
+    write_ply(splat, tmp_path / "s.ply")
+    out = tmp_path / "m.glb"
+    assert run_cli("mesh", tmp_path / "s.ply", "-o", out, "--resolution", 40, "--texture", mode,
+                   "--texture-size", 64, "--decimate", 3000) == 0  # fmt: skip
+    scene = trimesh.load(out, process=False)
+    geom = next(iter(scene.geometry.values())) if isinstance(scene, trimesh.Scene) else scene
+    assert geom.visual.uv is not None and geom.visual.material.baseColorTexture.size == (64, 64)
+    assert f"{mode} texture 64^2" in capsys.readouterr().out
+
+
+def test_render_turntable_command(tmp_path, capsys):
+    splat = make_synthetic_object(1500, seed=5, scale_fraction=0.03)
+    write_ply(splat, tmp_path / "s.ply")
+    assert run_cli("render", tmp_path / "s.ply", "-o", tmp_path / "sheet.png", "--size", 64) == 0
+    from PIL import Image
+
+    assert Image.open(tmp_path / "sheet.png").size[0] > 64
+    assert run_cli("render", tmp_path / "s.ply", "-o", tmp_path / "t.gif", "--size", 32, "--frames", 6) == 0
+    rc = run_cli("render", tmp_path / "s.ply", "-o", tmp_path / "t.bmp")
+    assert rc == 2 and "error:" in capsys.readouterr().err and not (tmp_path / "t.bmp").exists()
 
 
 def test_demo(tmp_path, capsys):

@@ -66,6 +66,16 @@ def _job_config(args: argparse.Namespace):
         if args.decimate < 4:
             raise InputError(f"--decimate {args.decimate}: must be at least 4 faces")
         cfg.mesh.decimate_target = args.decimate
+    if getattr(args, "texture", None) is not None:
+        cfg.texture.mode = args.texture
+    if getattr(args, "texture_size", None) is not None:
+        if not 16 <= args.texture_size <= 16384:
+            raise InputError(f"--texture-size {args.texture_size}: must be between 16 and 16384 texels")
+        cfg.texture.size = args.texture_size
+    if getattr(args, "refine", None) is not None:
+        if args.refine < 0:
+            raise InputError(f"--refine {args.refine}: must be 0 or more steps")
+        cfg.texture.refine.steps = args.refine
     return cfg
 
 
@@ -84,14 +94,25 @@ def _convert_and_save(splat, out: Path, args, name: str) -> None:
         result = splat_to_mesh(splat, cfg.field, cfg.mesh, device, timer=timer, progress=update, name=name)
     finally:
         close()
+    mesh = result.mesh
+    if hasattr(args, "texture") and cfg.texture.mode != "none":  # the mesh command's texture stage
+        from microdreamer.texture import texture_mesh
+
+        with timer.stage("texture"):
+            mesh = texture_mesh(mesh, splat.to(device), cfg.texture, device=device, progress=True).mesh
     with timer.stage("export"):
-        save_mesh(result.mesh, out)
-    m = result.mesh
+        save_mesh(mesh, out)
+    m = mesh
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     print(f"Gaussians: {result.num_gaussians_in} read, {result.num_gaussians_kept} kept "
           f"(opacity > {cfg.field.min_opacity})")  # fmt: skip
     print(f"grid: {result.resolution}^3, mode {cfg.field.mode}, backend {result.backend} on {device}{gpu}")
-    print(f"mesh: {m.num_vertices} vertices, {m.num_faces} faces -> {out}")
+    tex = (
+        f", {cfg.texture.mode} texture {cfg.texture.size}^2"
+        if getattr(m, "texture", None) is not None
+        else ""
+    )
+    print(f"mesh: {m.num_vertices} vertices, {m.num_faces} faces{tex} -> {out}")
     print("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in timer.seconds.items()))
 
 
@@ -208,6 +229,19 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(str(out / f) for f in ("splat.ply", "mesh.glb", "views.png", "timings.json")))
 
 
+def cmd_render(args: argparse.Namespace) -> None:
+    from microdreamer.pipeline import resolve_device
+    from microdreamer.turntable import render_turntable
+
+    if args.frames < 1 or not 16 <= args.size <= 4096:
+        raise InputError(f"--frames {args.frames} / --size {args.size}: need >= 1 frame and 16-4096 pixels")
+    device = resolve_device(args.device)
+    t = time.perf_counter()
+    out = render_turntable(args.source, args.output, frames=args.frames, size=args.size,
+                           elevation_deg=args.elevation, device=device)  # fmt: skip
+    print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="microdreamer", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -238,6 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("splat", help="input splat, INRIA 3DGS PLY layout")
     sp.add_argument("-o", "--output", required=True, help="output mesh: OUT.glb, OUT.obj or OUT.ply")
     add_field_args(sp)
+    sp.add_argument("--texture", choices=["bake", "field", "none"], default=None,
+                    help="bake: from splat renders (default); field: from the splat's colour field; none")  # fmt: skip
+    sp.add_argument(
+        "--texture-size", type=int, default=None, help="texture atlas side in texels (default 1024)"
+    )
+    sp.add_argument("--refine", type=int, default=None, metavar="STEPS",
+                    help="stage-2 texture refinement steps against the splat's renders (default 0: off)")  # fmt: skip
     sp.set_defaults(func=cmd_mesh)
 
     sp = sub.add_parser(
@@ -288,6 +329,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     sp.add_argument("--config", default=None, metavar="YAML", help="a GenerateConfig preset")
     sp.set_defaults(func=cmd_generate)
+
+    sp = sub.add_parser(
+        "render", help="turntable of a mesh or splat: .mp4, .gif, or .png (8-view contact sheet)"
+    )
+    sp.add_argument("source", help="a mesh (GLB, OBJ, PLY) or a 3DGS splat (.ply)")
+    sp.add_argument("-o", "--output", required=True, help="turntable.mp4, turntable.gif or views.png")
+    sp.add_argument("--frames", type=int, default=120, help="video frames (default 120)")
+    sp.add_argument("--size", type=int, default=512, help="frame size in pixels (default 512)")
+    sp.add_argument("--elevation", type=float, default=0.0, help="camera elevation in degrees (default 0)")
+    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    sp.set_defaults(func=cmd_render)
     return p
 
 

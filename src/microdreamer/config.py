@@ -22,16 +22,21 @@ T = TypeVar("T")
 
 @dataclasses.dataclass
 class MeshJobConfig:
-    """``microdreamer mesh``: the density field, then the mesh stage."""
+    """``microdreamer mesh``: the density field, the mesh stage, then the texture stage."""
 
     field: FieldConfig = dataclasses.field(default_factory=FieldConfig)
     mesh: Any = None  # microdreamer.mesh.MeshConfig (imported lazily: scikit-image, trimesh)
+    texture: Any = None  # microdreamer.texture.TextureConfig (imported lazily: xatlas)
 
     def __post_init__(self) -> None:
         if self.mesh is None:
             from microdreamer.mesh import MeshConfig
 
             self.mesh = MeshConfig()
+        if self.texture is None:
+            from microdreamer.texture import TextureConfig
+
+            self.texture = TextureConfig()
 
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
