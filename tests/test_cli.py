@@ -103,7 +103,14 @@ def test_demo(tmp_path, capsys):
     """The end-to-end default, shrunk: object -> views -> splat -> mesh, metrics printed."""
     out = tmp_path / "demo"
     assert run_cli("demo", "-o", out, "--iters", 30, "--size", 32, "--resolution", 48) == 0
-    for name in ("object.ply", "views/transforms.json", "splat.ply", "mesh.glb", "metrics.json"):
+    for name in (
+        "object.ply",
+        "views/transforms.json",
+        "splat.ply",
+        "mesh.glb",
+        "mesh_views.png",
+        "metrics.json",
+    ):
         assert (out / name).exists(), name
     printed = capsys.readouterr().out
     assert "PSNR" in printed and "Chamfer-L1" in printed and str(out / "mesh.glb") in printed

@@ -200,6 +200,7 @@ def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
         field=FieldConfig(resolution=32),
         views_size=32,
     )
+    cfg.texture.size, cfg.texture.bake.views.size = 32, 32  # the default textured export, small
     out = tmp_path / "out"
     res = generate(tmp_path / "in.png", out, cfg, random_weights="tiny", device="cpu")
     assert sorted(p.name for p in out.iterdir()) == ["mesh.glb", "splat.ply", "timings.json", "views.png"]

@@ -288,12 +288,20 @@ def test_reconstruct_dataset_writes_outputs(tmp_path):
 
     images, cams, held = synthetic_views(size=24, n_views=10)
     save_dataset(tmp_path / "data", images, cams, held)
+    config = tiny_config(30)
+    config.texture.size, config.texture.bake.views.size = 64, 48  # the default bake, small
     metrics = reconstruct_dataset(
-        tmp_path / "data", tmp_path / "out", tiny_config(30), device="cpu",
+        tmp_path / "data", tmp_path / "out", config, device="cpu",
         field_config=FieldConfig(resolution=32), progress=False,
     )  # fmt: skip
     for name in ("splat.ply", "mesh.glb", "metrics.json"):
         assert (tmp_path / "out" / name).exists(), name
+    import trimesh
+
+    glb = trimesh.load(tmp_path / "out" / "mesh.glb", process=False)
+    geom = next(iter(glb.geometry.values())) if isinstance(glb, trimesh.Scene) else glb
+    assert geom.visual.uv is not None and geom.visual.material.baseColorTexture.size == (64, 64)
+    assert metrics["mesh"]["texture"] == {"mode": "bake", "size": 64}
     on_disk = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert (
         on_disk["num_gaussians"] == metrics["num_gaussians"] == len(read_ply(tmp_path / "out" / "splat.ply"))

@@ -31,6 +31,7 @@ class DemoConfig:
     batch_views: int = 4
     num_pts: int = 2000
     max_gaussians: int = 6000
+    texture_size: int = 256
     seed: int = 0
 
 
@@ -91,6 +92,7 @@ def run_demo(
         seed=config.seed,
     )
     recon = ReconstructConfig(train=train, iters=n, batch_views=config.batch_views)
+    recon.texture.size, recon.texture.bake.views.size = config.texture_size, 2 * config.size
     t = time.perf_counter()
     metrics = reconstruct_dataset(out / "views", out, recon, device=device, field_config=field_config,
                                   mesh_config=mesh_config)  # fmt: skip
@@ -107,6 +109,11 @@ def run_demo(
     metrics["mesh_quality"] = {
         k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in quality.items()
     }
+    from microdreamer.turntable import render_turntable
+
+    t = time.perf_counter()
+    render_turntable(out / "mesh.glb", out / "mesh_views.png", size=192, device=device, progress=False)
+    seconds["contact_sheet"] = time.perf_counter() - t
     metrics["demo_seconds"] = seconds
     with atomic_path(out / "metrics.json") as tmp:
         tmp.write_text(json.dumps(metrics, indent=2))
@@ -115,6 +122,7 @@ def run_demo(
         "views": str(out / "views"),
         "splat": str(out / "splat.ply"),
         "mesh": str(out / "mesh.glb"),
+        "pictures": str(out / "mesh_views.png"),
         "metrics": str(out / "metrics.json"),
     }
     return metrics

@@ -40,7 +40,7 @@ RANDOM_WEIGHTS = ("tiny", "full")
 STAGE_GROUPS = {
     "diffusion": ("embed", "warmup", "diffusion"),
     "reconstruction": ("render", "reconstruction", "prune"),
-    "mesh": ("field", "mesh", "export_mesh"),
+    "mesh": ("field", "mesh", "texture", "export_mesh"),
 }
 
 
@@ -54,6 +54,8 @@ class GenerateConfig:
         sir: score-based iterative reconstruction (iterations, views, losses, training, seed).
         field: density field of the mesh export.
         mesh: the mesh stage (:class:`microdreamer.mesh.MeshConfig`; imported lazily).
+        texture: the mesh's texture (:class:`microdreamer.texture.TextureConfig`; default: baked from
+            the splat's renders into a 1024^2 atlas; ``mode="none"`` exports it untextured).
         elevation_deg: elevation of the input image's camera (MicroDreamer's sign: negative = above).
         views_size: side of each of the 8 preview renders in views.png.
         warmup: before the SIR loop, capture the prior's CUDA graphs (timed as its own stage).
@@ -64,6 +66,7 @@ class GenerateConfig:
     sir: SIRConfig = field(default_factory=SIRConfig)
     field: FieldConfig = field(default_factory=FieldConfig)
     mesh: Any = None
+    texture: Any = None
     elevation_deg: float = 0.0
     views_size: int = 256
     warmup: bool = True
@@ -73,6 +76,10 @@ class GenerateConfig:
             from microdreamer.mesh import MeshConfig
 
             self.mesh = MeshConfig()
+        if self.texture is None:
+            from microdreamer.texture import TextureConfig
+
+            self.texture = TextureConfig()
         if self.image.size != self.sir.image_size:
             raise InputError(
                 f"image.size ({self.image.size}) differs from sir.image_size ({self.sir.image_size}); set both to one size"
@@ -200,8 +207,14 @@ def generate(
     with timer.stage("export_splat"):
         splat_path = write_ply(splat, out / "splat.ply")
     conv = splat_to_mesh(splat, config.field, config.mesh, device, timer=timer, name=str(image_path))
+    mesh = conv.mesh
+    if config.texture.mode != "none":
+        from microdreamer.texture import texture_mesh
+
+        with timer.stage("texture"):
+            mesh = texture_mesh(mesh, splat, config.texture, device=device).mesh
     with timer.stage("export_mesh"):
-        mesh_path = save_mesh(conv.mesh, out / "mesh.glb")
+        mesh_path = save_mesh(mesh, out / "mesh.glb")
     with timer.stage("views"):
         views = render_turntable(splat, config.elevation_deg, config.views_size, radius=config.sir.radius,
                                  fovy_deg=config.sir.fovy_deg, backend=config.sir.train.backend)  # fmt: skip
@@ -229,8 +242,8 @@ def generate(
         "elevation_deg": config.elevation_deg,
         "num_gaussians": len(splat),
         "pruned": result.pruned,
-        "mesh_vertices": int(conv.mesh.num_vertices),
-        "mesh_faces": int(conv.mesh.num_faces),
+        "mesh_vertices": int(mesh.num_vertices),
+        "mesh_faces": int(mesh.num_faces),
         "prior_stats": result.prior_stats,
         "loss_history": [h["loss"] for h in result.history],
     }

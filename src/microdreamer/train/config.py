@@ -17,6 +17,7 @@ derives:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -112,6 +113,12 @@ class TrainConfig:
             raise ValueError(f"background must be 3 values (RGB), got {self.background}")
 
 
+def _default_texture():
+    from microdreamer.texture import TextureConfig
+
+    return TextureConfig()
+
+
 def _reconstruction_train_config() -> TrainConfig:
     return TrainConfig(
         position_lr_max_steps=2000,
@@ -148,6 +155,8 @@ class ReconstructConfig:
             ``density_thresh`` (0.2). A reconstructed surface is a thin layer of partly transparent
             Gaussians whose summed density peaks near 1, so DreamGaussian's level 1 cuts inside it
             (Spot, H200: Chamfer-L1 0.99% of the diagonal at 1, 0.25% at 0.2).
+        texture: the exported mesh's texture (:class:`microdreamer.texture.TextureConfig`; default: a
+            1024^2 atlas baked from the splat's renders; ``mode="none"`` exports it untextured).
     """
 
     train: TrainConfig = field(default_factory=_reconstruction_train_config)
@@ -157,6 +166,7 @@ class ReconstructConfig:
     log_every: int = 25
     densify_grad_threshold_3dgs: float | None = 0.0002
     mesh_threshold: float = 0.2
+    texture: Any = field(default_factory=_default_texture)
 
     def __post_init__(self) -> None:
         if self.iters < 0:

@@ -222,7 +222,7 @@ def reconstruct_dataset(
             from microdreamer.mesh import MeshConfig
 
             mesh_config = MeshConfig(threshold=config.mesh_threshold)
-        mesh_info = _export_mesh(splat, out / "mesh.glb", device, field_config, mesh_config)
+        mesh_info = _export_mesh(splat, out / "mesh.glb", device, field_config, mesh_config, config.texture)
         seconds["mesh"] = time.perf_counter() - t
 
     metrics = {
@@ -257,8 +257,11 @@ def _backend_name(backend: str, device: torch.device) -> str:
     return resolve_backend(backend, device)
 
 
-def _export_mesh(splat: Splat, path: Path, device: torch.device, field_config, mesh_config) -> dict:
-    """Density field -> marching cubes -> ``path`` through the project's splat-to-mesh pipeline."""
+def _export_mesh(
+    splat: Splat, path: Path, device: torch.device, field_config, mesh_config, texture_config=None
+) -> dict:
+    """Density field -> marching cubes -> texture (unless ``texture_config.mode == "none"``) ->
+    ``path`` through the project's splat-to-mesh pipeline and texture stage."""
     from microdreamer.field import FieldConfig
     from microdreamer.mesh import MeshConfig, save_mesh
     from microdreamer.pipeline import splat_to_mesh
@@ -270,12 +273,20 @@ def _export_mesh(splat: Splat, path: Path, device: torch.device, field_config, m
         device,
         name="reconstruction",
     )
-    save_mesh(result.mesh, path)
+    mesh = result.mesh
+    texture = None
+    if texture_config is not None and texture_config.mode != "none":
+        from microdreamer.texture import texture_mesh
+
+        mesh = texture_mesh(mesh, splat.to(device), texture_config, device=device).mesh
+        texture = {"mode": texture_config.mode, "size": texture_config.size}
+    save_mesh(mesh, path)
     return {
+        "texture": texture,
         "path": path.name,
         "threshold": mesh_config.threshold if mesh_config is not None else None,
-        "vertices": int(len(result.mesh.vertices)),
-        "faces": int(len(result.mesh.faces)),
+        "vertices": int(len(mesh.vertices)),
+        "faces": int(len(mesh.faces)),
         "field_resolution": result.resolution,
         "field_backend": result.backend,
     }
