@@ -243,7 +243,11 @@ def cmd_render(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="microdreamer", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="microdreamer",
+        description="Image-to-3D with MicroDreamer (score-based iterative reconstruction) and fast, "
+        "textured Gaussian-splat-to-mesh conversion.",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = p.add_subparsers(dest="command", required=True)
 
