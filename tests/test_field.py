@@ -222,3 +222,27 @@ def test_extreme_scales_stay_finite():
 
 def test_splat_type():
     assert isinstance(make_random_splat(2), Splat)
+
+
+def test_box_cells_and_chunk_bounds_against_loops():
+    from microdreamer.field.binning import box_cells, chunk_bounds
+
+    g = torch.Generator().manual_seed(14)
+    dims = (5, 7, 3)
+    first = torch.stack([torch.randint(0, d, (9,), generator=g) for d in dims], -1)
+    extent = torch.randint(0, 3, (9, 3), generator=g)
+    owner, cell = box_cells(first, extent, dims, 2, 8)
+    expected = [
+        (i, (x * dims[1] + y) * dims[2] + z)
+        for i in range(2, 8)
+        for x in range(first[i, 0], first[i, 0] + extent[i, 0])
+        for y in range(first[i, 1], first[i, 1] + extent[i, 1])
+        for z in range(first[i, 2], first[i, 2] + extent[i, 2])
+    ]
+    assert list(zip(owner.tolist(), cell.tolist(), strict=True)) == expected
+    counts = torch.tensor([3, 0, 7, 2, 2, 9, 1])
+    bounds = chunk_bounds(counts, 5)
+    assert bounds[0] == 0 and bounds[-1] == len(counts) and bounds == sorted(set(bounds))
+    for b0, b1 in zip(bounds[:-1], bounds[1:], strict=True):  # within budget unless one element alone
+        assert int(counts[b0:b1].sum()) <= 5 + int(counts[b0:b1].max()) or b1 - b0 == 1
+    assert chunk_bounds(torch.zeros(0, dtype=torch.long), 5) == [0]

@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from microdreamer.field.binning import box_cells, chunk_bounds
 from microdreamer.field.common import FieldConfig, GridSpec, PreparedGaussians, upstream_block_bounds
 
 EXACT_TILE = 8
@@ -125,13 +126,7 @@ def density_field_torch(
     limit = min(config.cutoff_sq, _Q_MAX) if config.mode == "exact" else _Q_MAX
 
     # chunk the Gaussians so that each chunk bins at most max_pairs pairs
-    cum = torch.cumsum(counts, 0)
-    total = int(cum[-1])
-    starts = [0]
-    if total > max_pairs:
-        bounds = torch.arange(max_pairs, total, max_pairs, device=device)
-        starts += torch.searchsorted(cum, bounds, right=True).tolist()
-    starts = sorted(set(starts)) + [n]
+    starts = chunk_bounds(counts, max_pairs)
 
     def eval_tile(t_id: int, members: torch.Tensor) -> None:
         ix, rem = divmod(t_id, n_tiles * n_tiles)
@@ -167,18 +162,9 @@ def density_field_torch(
 
     def _run_chunks() -> None:
         for c0, c1 in zip(starts[:-1], starts[1:], strict=False):
-            cnt = counts[c0:c1]
-            pairs = int(cnt.sum())
-            if pairs == 0:
+            if int(counts[c0:c1].sum()) == 0:
                 continue
-            gid = torch.repeat_interleave(torch.arange(c0, c1, device=device), cnt)
-            offset = torch.repeat_interleave(torch.cumsum(cnt, 0) - cnt, cnt)
-            local = torch.arange(pairs, device=device) - offset
-            ext = extent[gid]
-            tz = first[gid, 2] + local % ext[:, 2]
-            ty = first[gid, 1] + (local // ext[:, 2]) % ext[:, 1]
-            tx = first[gid, 0] + local // (ext[:, 2] * ext[:, 1])
-            tile_id = (tx * n_tiles + ty) * n_tiles + tz
+            gid, tile_id = box_cells(first, extent, (n_tiles, n_tiles, n_tiles), c0, c1)
             order = torch.argsort(tile_id, stable=True)
             tile_sorted, gid_sorted = tile_id[order], gid[order]
             uniq, per_tile = torch.unique_consecutive(tile_sorted, return_counts=True)

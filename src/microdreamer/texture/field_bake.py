@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from microdreamer.field import FieldConfig, GridSpec, PreparedGaussians, prepare_gaussians
+from microdreamer.field.binning import box_cells, chunk_bounds
 from microdreamer.splat import Splat
 
 
@@ -118,17 +119,9 @@ def colour_field(
     first = torch.maximum(first, torch.zeros_like(first))
     last = torch.minimum(last, dims - 1)
     ext = (last - first + 1).clamp_min(0)
-    counts = ext.prod(-1)
-    gid = torch.repeat_interleave(torch.arange(N, device=device), counts)
+    gid, gcell = box_cells(first, ext, tuple(dims_l))
     if gid.numel() == 0:
         return colour, weight
-    offset = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-    local = torch.arange(gid.numel(), device=device) - offset
-    e = ext[gid]
-    cz = first[gid, 2] + local % e[:, 2]
-    cy = first[gid, 1] + (local // e[:, 2]) % e[:, 1]
-    cx = first[gid, 0] + local // (e[:, 2] * e[:, 1])
-    gcell = (cx * dims_l[1] + cy) * dims_l[2] + cz
     gorder = torch.argsort(gcell)
     gcell_sorted, gid_sorted = gcell[gorder], gid[gorder]
 
@@ -136,13 +129,7 @@ def colour_field(
     # at most max_pairs and evaluated flat (no loop over cells)
     first_g = torch.searchsorted(gcell_sorted, pid)
     count = torch.searchsorted(gcell_sorted, pid, right=True) - first_g  # [P]
-    cum = torch.cumsum(count, 0)
-    total = int(cum[-1])
-    bounds = [0]
-    if total > max_pairs:
-        cuts = torch.arange(max_pairs, total, max_pairs, device=device)
-        bounds += torch.searchsorted(cum, cuts, right=True).tolist()
-    bounds = sorted(set(bounds)) + [P]
+    bounds = chunk_bounds(count, max_pairs)
     for p0, p1 in zip(bounds[:-1], bounds[1:], strict=False):
         cnt = count[p0:p1]
         pairs = int(cnt.sum())
