@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -36,33 +34,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _common import hardware  # benchmarks/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / ".." / "shared" / "samples"
 sys.path.insert(0, str(ROOT / "tests"))
-
-
-def hardware(device: torch.device) -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
-    try:
-        info["load_average_1min"] = os.getloadavg()[0]
-    except OSError:
-        pass
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
 
 
 def _sync(device: torch.device) -> None:
@@ -338,7 +314,7 @@ def main() -> None:
     device = torch.device(args.device)
     result = bench_speed(args) if args.mode == "speed" else bench_quality(args)
     result["command"] = "python benchmarks/bench_bake.py " + " ".join(sys.argv[1:])
-    result["hardware"] = hardware(device)
+    result["hardware"] = hardware()
     out = (
         Path(args.out)
         if args.out

@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from _common import hardware  # benchmarks/ is on sys.path when run as a script
 from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.field.reference import covariance6, gaussian_3d_coeff
 from microdreamer.field.torch_impl import density_field_torch
@@ -133,33 +132,6 @@ def measure_rates() -> dict:
         "fill_ms_2GiB": fill_ms,
         "exp2_probe_ms": exp_ms,
     }
-
-
-def hardware() -> dict:
-    p = torch.cuda.get_device_properties(0)
-    info = {
-        "gpu": p.name,
-        "sm_count": p.multi_processor_count,
-        "memory_GiB": round(p.total_memory / 2**30, 1),
-        "capability": f"{p.major}.{p.minor}",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-    }
-    try:
-        q = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit"
-        info["nvidia_smi"] = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return info
-
-
-# ----------------------------------------------------------------------------------------------
 
 
 _splats: dict = {}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import statistics
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _common import hardware  # benchmarks/ is on sys.path when run as a script
 from microdreamer.generate import GenerateConfig, generate
 
 
@@ -53,27 +53,10 @@ def synthetic_input(path: Path, size: int = 512) -> Path:
     return path
 
 
-def hardware() -> dict:
-    import diffusers
-    import transformers
+def _version(package: str) -> str:
+    from importlib.metadata import version
 
-    info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "transformers": transformers.__version__,
-        "cpu": platform.processor() or platform.machine(),
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-        info["cuda"] = torch.version.cuda
-    try:
-        import gsplat
-
-        info["gsplat"] = gsplat.__version__
-    except ImportError:
-        pass
-    return info
+    return version(package)
 
 
 def _compile_in_background() -> tuple[list[threading.Thread], dict]:
@@ -243,7 +226,7 @@ def main() -> None:
     prior.unet.calls, prior.unet.samples = calls_before
     result = {
         "command": "python " + shlex.join(sys.argv),
-        "hardware": hardware(),
+        "hardware": hardware(diffusers=_version("diffusers"), transformers=_version("transformers")),
         "model": args.model or f"random weights ({args.random_weights}); output is noise",
         "dtype": str(prior.dtype).replace("torch.", ""),
         "cuda_graphs": cfg.prior.cuda_graphs,

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import shutil
 import statistics
@@ -23,23 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import hardware  # benchmarks/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPLAT = ROOT / ".." / "shared" / "samples" / "splats" / "dg_ghost_amd_17k.ply"
-
-
-def hardware() -> dict:
-    import torch
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "load_average_before": os.getloadavg()}  # fmt: skip
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import statistics
 import sys
@@ -32,26 +31,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' input builders
 
+from _common import hardware  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from microdreamer.cameras import orbit_cameras  # noqa: E402
 from microdreamer.render import render  # noqa: E402
 from microdreamer.splat import Splat  # noqa: E402
 from test_render_gaussians import random_splat  # noqa: E402
 
 SPOT = ROOT / ".." / "shared" / "samples" / "meshes" / "spot"
-
-
-def hardware() -> dict:
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-        info["cuda"] = torch.version.cuda
-    try:
-        import gsplat
-
-        info["gsplat"] = gsplat.__version__
-    except ImportError:
-        pass
-    return info
 
 
 def time_cuda(fn, warmup: int = 10, reps: int = 50) -> dict:
