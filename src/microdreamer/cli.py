@@ -14,18 +14,17 @@ from pathlib import Path
 
 from microdreamer.errors import InputError
 
-MESH_SUFFIXES = (".glb", ".obj", ".ply")
-
 
 def _check_mesh_output(path: Path) -> Path:
-    if path.suffix.lower() not in MESH_SUFFIXES:
-        raise InputError(
-            f"{path}: unsupported mesh format {path.suffix or '(none)'!r}; use .glb, .obj or .ply"
-        )
+    """Check the output before any work: suffix, not a folder; its folder is created."""
+    from microdreamer.io_utils import check_output_path
+    from microdreamer.mesh import MESH_FORMATS
+
     if path.exists() and path.is_dir():
         raise InputError(f"{path}: is a directory; give a file name ending in .glb, .obj or .ply")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
+    if path.suffix.lower() in MESH_FORMATS:  # a bad suffix creates nothing
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return check_output_path(path, MESH_FORMATS, "mesh")
 
 
 def _progress_bar(desc: str):

@@ -1,11 +1,26 @@
-"""Atomic output: write to a temporary name beside the target, then rename."""
+"""Output files: checked before any work, written to a temporary name beside the target, then renamed."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from microdreamer.errors import InputError
+
+
+def check_output_path(path: str | os.PathLike, suffixes: Sequence[str], what: str) -> Path:
+    """``path`` as a Path, or a one-line InputError if its suffix is not one of ``suffixes`` (case
+    ignored) or its folder does not exist. ``what`` names the kind of file in the message."""
+    path = Path(path)
+    if path.suffix.lower() not in suffixes:
+        given = path.suffix or "(none)"
+        choices = ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}"
+        raise InputError(f"{path}: unsupported {what} format {given!r}; use {choices}")
+    if not path.parent.is_dir():
+        raise InputError(f"{path}: the folder {path.parent} does not exist; create it or choose another path")
+    return path
 
 
 @contextlib.contextmanager

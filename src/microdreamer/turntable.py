@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from microdreamer.errors import InputError
-from microdreamer.io_utils import atomic_path
+from microdreamer.io_utils import atomic_path, check_output_path
 
 logger = logging.getLogger(__name__)
 
@@ -210,15 +210,8 @@ def render_turntable(
         InputError: unknown suffix, missing output folder, .mp4 without imageio-ffmpeg, unreadable
             input.
     """
-    output = Path(output)
+    output = check_output_path(output, FORMATS, "turntable")
     suffix = output.suffix.lower()
-    if suffix not in FORMATS:
-        given = output.suffix or "(none)"
-        raise InputError(f"{output}: unsupported turntable format {given!r}; use .mp4, .gif or .png")
-    if not output.parent.is_dir():
-        raise InputError(
-            f"{output}: the folder {output.parent} does not exist; create it or choose another path"
-        )
     if suffix == ".mp4" and not _mp4_available():
         raise InputError(
             f"{output}: writing .mp4 needs imageio and imageio-ffmpeg (pip install imageio imageio-ffmpeg); "

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from microdreamer.errors import InputError
-from microdreamer.io_utils import atomic_path
+from microdreamer.io_utils import atomic_path, check_output_path
 from microdreamer.mesh.types import Mesh
 
 logger = logging.getLogger(__name__)
@@ -43,13 +42,8 @@ def save_mesh(mesh: Mesh, path: str | os.PathLike) -> Path:
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
-    path = Path(path)
+    path = check_output_path(path, MESH_FORMATS, "mesh")
     suffix = path.suffix.lower()
-    if suffix not in MESH_FORMATS:
-        given = path.suffix or "(none)"
-        raise InputError(f"{path}: unsupported mesh format {given!r}; use .glb, .obj or .ply")
-    if not path.parent.is_dir():
-        raise InputError(f"{path}: the folder {path.parent} does not exist; create it or choose another path")
     if mesh.is_empty:
         raise ValueError(f"{path}: refusing to write an empty mesh (0 faces)")
 
