@@ -94,7 +94,7 @@ def _convert_and_save(splat, out: Path, args, name: str) -> None:
     finally:
         close()
     mesh = result.mesh
-    if hasattr(args, "texture") and cfg.texture.mode != "none":  # the mesh command's texture stage
+    if cfg.texture.mode != "none":
         from microdreamer.texture import texture_mesh
 
         with timer.stage("texture"):
