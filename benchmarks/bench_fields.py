@@ -28,7 +28,13 @@ from _common import hardware  # benchmarks/ is on sys.path when run as a script
 from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.field.reference import covariance6, gaussian_3d_coeff
 from microdreamer.field.torch_impl import density_field_torch
-from microdreamer.kernels import _backend, default_chunks, default_variant, extract_fields
+from microdreamer.kernels import (
+    _backend,
+    default_chunks,
+    default_scatter_voxels,
+    default_variant,
+    extract_fields,
+)
 from microdreamer.splat import read_ply
 from microdreamer.synthetic import make_synthetic_object
 
@@ -154,21 +160,23 @@ def inputs_for(name: str, n: int | None, r: int, mode: str, copies: int):
     return cfg, sets
 
 
-def bench_case(name, n, r, rows, naive_rate, quick, modes=("exact", "upstream"), variants=(1,)):
+def bench_case(
+    name, n, r, rows, naive_rate, quick, modes=("exact", "upstream"), variants=(1,), scatters=(0,)
+):
     for mode in modes:
         if mode == "upstream" and (quick or (name == "synthetic" and r == 512 and n >= 200_000)):
             continue
-        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants)
+        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants, scatters)
         torch.cuda.empty_cache()
 
 
-def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,)):
+def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,), scatters=(0,)):
     cfg, sets = inputs_for(name, n, r, mode, copies=1 if name != "synthetic" else 3)
     n_kept = len(sets[0][0])
     row0 = {"input": name, "N": n_kept, "R": r, "mode": mode}
 
-    def fast(s, chunks, variant):
-        return extract_fields(s[0], s[1], cfg, "fast", chunks=chunks, variant=variant)
+    def fast(s, chunks, variant, scatter):
+        return extract_fields(s[0], s[1], cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter)
 
     def naive(s):
         return extract_fields(s[0], s[1], cfg, "naive")
@@ -181,27 +189,37 @@ def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,)):
 
     # fast, every tile depth and variant
     outs, fast_rows = {}, []
-    for variant in variants:
-        for chunks in (1, 2, 4) if mode == "exact" else (1, 2):
-            key = (chunks, variant)
-            t0 = time.perf_counter()
-            fast(sets[0], chunks, variant)
-            torch.cuda.synchronize()
-            slow = time.perf_counter() - t0 > 0.02  # long runs: fewer repetitions
-            reps = 3 if slow else (7 if quick else 21)
-            ms, times = cuda_time(
-                lambda s, c=chunks, v=variant: fast(s, c, v), warmup=2, reps=reps, inputs=sets
-            )
-            t0 = time.perf_counter()
-            outs[key] = fast(sets[0], chunks, variant)
-            torch.cuda.synchronize()
-            wall = (time.perf_counter() - t0) * 1e3
-            fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "variant": variant,
-                              "default": chunks == default_chunks(cfg) and variant == default_variant(cfg),
-                              "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
-                              "peak_MB": peak_mb(lambda s, c=chunks, v=variant: fast(s, c, v), sets[0])})  # fmt: skip
+    scatters = tuple(dict.fromkeys(default_scatter_voxels(cfg) if x is None else x for x in scatters))
+    if mode != "exact":
+        scatters = (0,)
+    combos = [
+        (c, v, x) for v in variants for c in ((1, 2, 4) if mode == "exact" else (1, 2)) for x in scatters
+    ]
+    for chunks, variant, scatter in combos:
+        key = (chunks, variant, scatter)
+        t0 = time.perf_counter()
+        fast(sets[0], chunks, variant, scatter)
+        torch.cuda.synchronize()
+        slow = time.perf_counter() - t0 > 0.02  # long runs: fewer repetitions
+        reps = 3 if slow else (7 if quick else 21)
+        ms, times = cuda_time(
+            lambda s, c=chunks, v=variant, x=scatter: fast(s, c, v, x), warmup=2, reps=reps, inputs=sets
+        )
+        t0 = time.perf_counter()
+        outs[key] = fast(sets[0], chunks, variant, scatter)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3
+        fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "variant": variant,
+                          "scatter_voxels": scatter,
+                          "default": chunks == default_chunks(cfg) and variant == default_variant(cfg)
+                          and scatter == default_scatter_voxels(cfg),
+                          "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
+                          "peak_MB": peak_mb(lambda s, c=chunks, v=variant, x=scatter: fast(s, c, v, x),
+                                             sets[0])})  # fmt: skip
     rows.extend(fast_rows)
-    fast_out = outs[(default_chunks(cfg), variants[0])]
+    fast_out = outs[
+        combos[0] if (dflt := (default_chunks(cfg), variants[0], scatters[0])) not in outs else dflt
+    ]
     ref, ref_kind = None, None
     # the vectorised PyTorch path (on this GPU)
     if r == 128 and n_kept <= 60_000:
@@ -238,9 +256,13 @@ def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,)):
         rows.append({**row0, "impl": "upstream_loop", "skipped": "timed at R = 128, N <= 50k only"})
     if ref is not None:
         for row in fast_rows:
-            row[f"rel_err_vs_{ref_kind}"] = rel_err(outs[(row["chunks"], row["variant"])], ref)
+            row[f"rel_err_vs_{ref_kind}"] = rel_err(
+                outs[(row["chunks"], row["variant"], row["scatter_voxels"])], ref
+            )
     for row in fast_rows:
-        row["rel_diff_vs_default"] = rel_err(outs[(row["chunks"], row["variant"])], fast_out)
+        row["rel_diff_vs_default"] = rel_err(
+            outs[(row["chunks"], row["variant"], row["scatter_voxels"])], fast_out
+        )
 
 
 def table(rows: list[dict]) -> str:
@@ -279,11 +301,13 @@ def must_show(rows: list[dict]) -> dict:
             out[f"fast_128_50k_ms{tag}"] = f128["median_ms"]
             out[f"fast_128_50k_chunks{tag}"] = f128["chunks"]
             out[f"fast_128_50k_variant{tag}"] = f128["variant"]
+            out[f"fast_128_50k_scatter_voxels{tag}"] = f128.get("scatter_voxels")
             out[f"target_128_50k_le_0.1ms{tag}"] = f128["median_ms"] <= 0.1
         if f512:
             out[f"fast_512_1M_ms{tag}"] = f512["median_ms"]
             out[f"fast_512_1M_chunks{tag}"] = f512["chunks"]
             out[f"fast_512_1M_variant{tag}"] = f512["variant"]
+            out[f"fast_512_1M_scatter_voxels{tag}"] = f512.get("scatter_voxels")
             out[f"target_512_1M_le_10ms{tag}"] = f512["median_ms"] <= 10.0
         if f128 and n128:
             out[f"speedup_vs_naive_128_50k{tag}"] = n128["median_ms"] / f128["median_ms"]
@@ -303,6 +327,11 @@ def main() -> None:
     parser.add_argument("--modes", default="exact,upstream", help="field modes, comma-separated")
     parser.add_argument("--variants", default="1,2,3", help="fast-kernel variants, comma-separated")
     parser.add_argument("--no-samples", action="store_true", help="skip the real sample splats")
+    parser.add_argument(
+        "--scatter",
+        default="0,default",
+        help="exact mode: scatter_voxels values, comma-separated ('default': default_scatter_voxels)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_fields.py needs a CUDA GPU")
@@ -318,6 +347,7 @@ def main() -> None:
     partial.parent.mkdir(parents=True, exist_ok=True)
     modes = tuple(args.modes.split(","))
     variants = tuple(int(v) for v in args.variants.split(","))
+    scatters = tuple(None if x == "default" else int(x) for x in args.scatter.split(","))
     if args.cases:
         cases = [("synthetic", int(c.split("x")[0]), int(c.split("x")[1])) for c in args.cases.split(",")]
     else:
@@ -325,7 +355,7 @@ def main() -> None:
     real = sorted(p.name for p in SAMPLES.glob("*.ply")) if SAMPLES.is_dir() and not args.no_samples else []
     cases += [(name, None, r) for name in real for r in rs]
     for name, n, r in cases:
-        bench_case(name, n, r, rows, naive_rate, args.quick, modes, variants)
+        bench_case(name, n, r, rows, naive_rate, args.quick, modes, variants, scatters)
         print(f"done {name} N={n} R={r} ({time.perf_counter() - t_start:.0f} s)", flush=True)
         partial.write_text(json.dumps({"rates": rates, "hardware": hw, "results": rows}, indent=1))
     # floors at 512^3 / 1M (exact mode): the grid's bytes, and the exponentials of a kernel that

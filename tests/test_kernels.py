@@ -143,13 +143,24 @@ def test_gaussian_3d_coeff_positive_exponent_is_zero():
 # extract_fields against the float64 reference
 # ----------------------------------------------------------------------------------------------
 
-# (impl, chunks, variant): the naive kernel, and the fast kernel at every tile depth in its three
-# variants (1: host-sized lists; 2: fixed-capacity lists, no host sync; 3: 2 + Gaussian pairs)
-IMPL_VARIANTS = [("naive", None, None)] + [("fast", c, v) for v in (1, 2, 3) for c in (1, 2, 4)]
+# (impl, chunks, variant, scatter_voxels): the naive kernel, and the fast kernel at every tile depth in
+# its three variants (1: host-sized lists; 2: fixed-capacity lists, no host sync; 3: 2 + Gaussian pairs),
+# each with no scatter kernel (0: every Gaussian tiled) and with the default split (None: small Gaussians
+# scattered, exact mode); EVERYTHING: every non-degenerate Gaussian scattered
+EVERYTHING = 1 << 40
+IMPL_VARIANTS = (
+    [("naive", None, None, None)]
+    + [("fast", c, v, s) for v in (1, 2, 3) for c in (1, 2, 4) for s in (0, None)]
+    + [("fast", 1, v, EVERYTHING) for v in (1, 2)]
+)
 
 
 def _variants(mode):
-    return [(i, c, v) for i, c, v in IMPL_VARIANTS if not (mode == "upstream" and c == 4)]
+    return [
+        (i, c, v, dict(chunks=c, variant=v, scatter_voxels=s))
+        for i, c, v, s in IMPL_VARIANTS
+        if not (mode == "upstream" and c == 4)
+    ]
 
 
 @cuda
@@ -158,10 +169,8 @@ def _variants(mode):
 def test_matches_reference(mode, n, r):
     # r = 17, 33, 37: odd and not multiples of num_blocks or of the 16-voxel tile
     splat = make_random_splat(n, seed=1000 * n + r, spread=0.8)
-    for impl, chunks, variant in _variants(mode):
-        check_against_reference(
-            splat, FieldConfig(resolution=r, mode=mode), impl, chunks=chunks, variant=variant
-        )
+    for impl, _, _, kw in _variants(mode):
+        check_against_reference(splat, FieldConfig(resolution=r, mode=mode), impl, **kw)
 
 
 @cuda
@@ -169,20 +178,16 @@ def test_matches_reference(mode, n, r):
 def test_wide_gaussians_take_the_recurrence(mode):
     # sigma >= 2 voxels: the fast kernel's z recurrence (exact mode); a mix of sizes and opacities
     splat = make_random_splat(300, seed=21, spread=0.9, log_scale_mean=-1.6, log_scale_std=0.6)
-    for impl, chunks, variant in _variants(mode):
-        check_against_reference(
-            splat, FieldConfig(resolution=45, mode=mode), impl, chunks=chunks, variant=variant
-        )
+    for impl, _, _, kw in _variants(mode):
+        check_against_reference(splat, FieldConfig(resolution=45, mode=mode), impl, **kw)
 
 
 @cuda
 @pytest.mark.parametrize("mode", ["exact", "upstream"])
 def test_object_like_splat(mode):
     splat = make_synthetic_object(1500, seed=5, scale_fraction=0.03)
-    for impl, chunks, variant in _variants(mode):
-        check_against_reference(
-            splat, FieldConfig(resolution=40, mode=mode), impl, chunks=chunks, variant=variant
-        )
+    for impl, _, _, kw in _variants(mode):
+        check_against_reference(splat, FieldConfig(resolution=40, mode=mode), impl, **kw)
 
 
 @cuda
@@ -206,10 +211,10 @@ def test_single_gaussian_peaks_at_its_opacity(mode):
     s = make_random_splat(1, seed=3)
     cfg = FieldConfig(resolution=21, mode=mode)  # odd R: the centre is a grid point
     prepared, grid = prepare_gaussians(s, cfg)
-    for impl, chunks, variant in _variants(mode):
-        out = run_kernel(prepared, grid, cfg, impl, chunks=chunks, variant=variant)
+    for impl, _, _, kw in _variants(mode):
+        out = run_kernel(prepared, grid, cfg, impl, **kw)
         assert math.isclose(float(out[10, 10, 10]), float(s.opacities()[0]), rel_tol=1e-6)
-        check_against_reference(s, cfg, impl, chunks=chunks, variant=variant)
+        check_against_reference(s, cfg, impl, **kw)
 
 
 @cuda
@@ -217,10 +222,8 @@ def test_single_gaussian_peaks_at_its_opacity(mode):
 def test_gaussian_larger_than_the_grid(mode):
     s = make_random_splat(20, seed=4, spread=0.5, log_scale_mean=-2.0)
     s.log_scales[0] = math.log(5.0)  # sigma 5 world units, the cube is ~1
-    for impl, chunks, variant in _variants(mode):
-        check_against_reference(
-            s, FieldConfig(resolution=19, mode=mode), impl, chunks=chunks, variant=variant
-        )
+    for impl, _, _, kw in _variants(mode):
+        check_against_reference(s, FieldConfig(resolution=19, mode=mode), impl, **kw)
 
 
 @cuda
@@ -231,10 +234,8 @@ def test_nearly_degenerate_covariance(mode):
     s.log_scales[1] = torch.log(torch.tensor([1e-5, 0.2, 1e-5]))  # a needle
     s.log_scales[2] = torch.log(torch.tensor([0.2, 0.2, 2e-3]))  # 100 : 1, thinner than a voxel
     s.opacity_logits[:3] = 5.0
-    for impl, chunks, variant in _variants(mode):
-        check_against_reference(
-            s, FieldConfig(resolution=31, mode=mode), impl, chunks=chunks, variant=variant
-        )
+    for impl, _, _, kw in _variants(mode):
+        check_against_reference(s, FieldConfig(resolution=31, mode=mode), impl, **kw)
 
 
 @cuda
@@ -245,10 +246,8 @@ def test_extreme_scales_stay_finite():
     for mode in ("exact", "upstream"):
         cfg = FieldConfig(resolution=12, mode=mode)
         prepared, grid = prepare_gaussians(s, cfg)
-        for impl, chunks, variant in _variants(mode):
-            run_kernel(
-                prepared, grid, cfg, impl, chunks=chunks, variant=variant
-            )  # asserts every voxel finite
+        for impl, _, _, kw in _variants(mode):
+            run_kernel(prepared, grid, cfg, impl, **kw)  # asserts every voxel finite
 
 
 @cuda
@@ -285,6 +284,34 @@ def test_list_capacity_overflow_scans_every_gaussian(variant, mode):
 
 
 @cuda
+@pytest.mark.parametrize("r", [64, 66])
+def test_scatter_kernel_agrees_with_the_tiles(r):
+    # R = 64: four-wide vector atomics; R = 66: scalar atomics. The split moves Gaussians between two
+    # evaluation paths (the tiled kernel's z recurrence, the scatter kernel's direct exponentials), so
+    # the fields differ by rounding only
+    splat = make_synthetic_object(20_000, seed=r, scale_fraction=0.01)
+    cfg = FieldConfig(resolution=r, mode="exact")
+    prepared, grid = prepare_gaussians(splat, cfg)
+    tiled = run_kernel(prepared, grid, cfg, "fast", scatter_voxels=0)
+    ref = density_field_torch(prepared.to("cuda"), grid, cfg)
+    assert rel_err(tiled, ref) <= REL_TOL
+    for scatter in (64, 4096, EVERYTHING):
+        for variant in (1, 2):
+            out = run_kernel(prepared, grid, cfg, "fast", variant=variant, scatter_voxels=scatter)
+            assert rel_err(out, ref) <= REL_TOL
+            assert rel_err(out, tiled) <= 2e-6  # rounding of two float32 paths (observed ~1e-7)
+
+
+@cuda
+def test_scatter_voxels_must_be_non_negative():
+    from microdreamer.kernels import extract_fields
+
+    prepared, grid = prepare_gaussians(make_random_splat(10, seed=1), FieldConfig(resolution=16))
+    with pytest.raises(ValueError, match="scatter_voxels"):
+        extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), scatter_voxels=-1)
+
+
+@cuda
 def test_density_field_dispatches_to_the_fast_kernel():
     splat = make_random_splat(100, seed=9).to("cuda")
     fld = density_field(splat, FieldConfig(resolution=24), backend="auto")
@@ -308,8 +335,13 @@ def test_large_against_torch_path(r, scale):
     ref = density_field_torch(prepared.to("cuda"), grid, cfg)
     for chunks in (1, 2, 4):
         for variant in (1, 2, 3):
-            out = run_kernel(prepared, grid, cfg, "fast", chunks=chunks, variant=variant)
-            assert rel_err(out, ref) <= REL_TOL
+            for scatter in (0, None):
+                out = run_kernel(
+                    prepared, grid, cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter
+                )
+                assert rel_err(out, ref) <= REL_TOL
+    out = run_kernel(prepared, grid, cfg, "fast", scatter_voxels=EVERYTHING)
+    assert rel_err(out, ref) <= REL_TOL
     if r == 128:
         out = run_kernel(prepared, grid, cfg, "naive")
         assert rel_err(out, ref) <= REL_TOL
@@ -322,8 +354,8 @@ def test_upstream_gpu_equals_cpu(r, n):
     cfg = FieldConfig(resolution=r, mode="upstream")
     prepared, grid = prepare_gaussians(splat, cfg)
     cpu = density_field_torch(prepared, grid, cfg)  # the CPU path
-    for impl, chunks, variant in _variants("upstream"):
-        out = run_kernel(prepared, grid, cfg, impl, chunks=chunks, variant=variant)
+    for impl, _, _, kw in _variants("upstream"):
+        out = run_kernel(prepared, grid, cfg, impl, **kw)
         assert rel_err(out, cpu) <= REL_TOL
 
 
@@ -341,8 +373,8 @@ def test_real_splats_against_torch_path(mode, name):
     cfg = FieldConfig(resolution=128, mode=mode)
     prepared, grid = prepare_gaussians(splat, cfg)
     ref = density_field_torch(prepared.to("cuda"), grid, cfg)
-    for impl, chunks, variant in _variants(mode):
+    for impl, _, _, kw in _variants(mode):
         if impl == "naive" and len(prepared) > 20_000:
             continue
-        out = run_kernel(prepared, grid, cfg, impl, chunks=chunks, variant=variant)
+        out = run_kernel(prepared, grid, cfg, impl, **kw)
         assert rel_err(out, ref) <= REL_TOL

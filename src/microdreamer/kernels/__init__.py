@@ -19,6 +19,9 @@ Implementations of :func:`extract_fields` (``impl=``):
   synchronisation, caps registers for more resident warps and lets empty tiles exit at once; tiles
   whose entries do not fit scan all N Gaussians (exact, slower); ``3`` is ``2`` evaluating two
   z-recurrence Gaussians per warp step (exact mode; in upstream mode it is ``2``).
+  In exact mode, Gaussians whose cutoff box holds at most ``scatter_voxels`` voxels (small ones, which
+  fill the warp footprints poorly) stay out of the lists: after the tiled kernel, a scatter kernel adds
+  them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics.
 * ``"naive"``: one thread per voxel looping over every Gaussian with an axis-aligned range cull (the
   measured baseline).
 
@@ -35,7 +38,13 @@ import torch
 
 from microdreamer.field.common import FieldConfig, GridSpec, PreparedGaussians, upstream_block_bounds
 
-__all__ = ["extract_fields", "gaussian_3d_coeff", "default_chunks", "default_variant"]
+__all__ = [
+    "extract_fields",
+    "gaussian_3d_coeff",
+    "default_chunks",
+    "default_variant",
+    "default_scatter_voxels",
+]
 
 IMPLS = ("fast", "naive")
 VARIANTS = (1, 2, 3)
@@ -57,11 +66,18 @@ def default_chunks(config: FieldConfig) -> int:
 
 
 def default_variant(config: FieldConfig) -> int:
-    """The fast kernel's variant used when none is given (see the module docstring): 2 where it measured
-    faster than 1 on an H200 (exact mode at 512^3: 36.0 against 39.2 ms with 1M Gaussians,
-    benchmarks/results/fields_h200_variants.json), 1 elsewhere (a tie at 128^3 with 50k, not measured
-    at 256^3 or in upstream mode)."""
-    return 2 if config.mode == "exact" and config.resolution > 320 else 1
+    """The fast kernel's variant used when none is given (see the module docstring): 2 in exact mode, where
+    it measured faster than 1 on an H200 (512^3 / 1M: 36.2 against 39.4 ms; 128^3 / 50k with the small
+    Gaussians scattered: 0.28-0.30 against 0.33-0.35 ms, benchmarks/results/fields_h200.json), 1 in
+    upstream mode (not compared there)."""
+    return 2 if config.mode == "exact" else 1
+
+
+def default_scatter_voxels(config: FieldConfig) -> int:
+    """fast, exact mode: Gaussians whose cutoff box holds at most this many voxels go to the scatter kernel
+    instead of the tile lists (0: none; upstream mode never scatters). 16^3: the synthetic object's
+    Gaussians at 128^3 (sigma ~1.2 voxels, boxes ~11^3) all scatter, those at 512^3 (~43^3) none."""
+    return 4096 if config.mode == "exact" else 0
 
 
 def _axis_table(r: int, length: int, device: torch.device) -> torch.Tensor:
@@ -93,6 +109,7 @@ def extract_fields(
     chunks: int | None = None,
     max_list_entries: int = MAX_LIST_ENTRIES,
     variant: int | None = None,
+    scatter_voxels: int | None = None,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -108,6 +125,8 @@ def extract_fields(
         max_list_entries: fast: (tile, Gaussian) pairs binned at once; variant 1 processes more in
             z-slabs, variants 2 and 3 let the tiles past it scan every Gaussian.
         variant: fast: 1, 2 or 3 (see the module docstring); default :func:`default_variant`.
+        scatter_voxels: fast, exact mode: Gaussians with at most this many voxels in their cutoff box are
+            added by the scatter kernel (0: none); default :func:`default_scatter_voxels`.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -130,6 +149,10 @@ def extract_fields(
     r = grid.resolution
     exact = config.mode == "exact"
     chunks = chunks or default_chunks(config)
+    if scatter_voxels is None:
+        scatter_voxels = default_scatter_voxels(config)
+    if scatter_voxels < 0:
+        raise ValueError(f"scatter_voxels must be >= 0, got {scatter_voxels}")
     tz = 8 * chunks
     length = max(math.ceil(r / 16) * 16, math.ceil(r / tz) * tz) + 8
     axis = _axis_table(r, length, device)
@@ -142,7 +165,7 @@ def extract_fields(
     return ext.extract_fields(
         prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out,
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
-        int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)),
+        int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
     )  # fmt: skip
 
 

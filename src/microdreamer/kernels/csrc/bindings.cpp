@@ -41,7 +41,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           const at::Tensor& radii, const at::Tensor& axis, const at::Tensor& lower,
                           const at::Tensor& upper, at::Tensor out, bool exact, double cutoff_sq, double cutoff_tol,
                           int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries,
-                          int64_t variant, int64_t list_capacity) {
+                          int64_t variant, int64_t list_capacity, int64_t scatter_voxels) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -62,6 +62,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(n < (int64_t(1) << 31), "at most 2^31 - 1 Gaussians, got ", n);
   TORCH_CHECK(impl == "fast" || impl == "naive", "impl must be 'fast' or 'naive', got '", impl, "'");
   TORCH_CHECK(variant >= 1 && variant <= 3, "variant must be 1, 2 or 3, got ", variant);
+  TORCH_CHECK(scatter_voxels >= 0, "scatter_voxels must be >= 0, got ", scatter_voxels);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
   check_tensor(axis, "axis", at::kFloat, device);
@@ -111,6 +112,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.nty = static_cast<int>(nty);
   s.ntz = static_cast<int>(ntz);
   s.tile_counts = fast ? counts.data_ptr<int>() : nullptr;
+  const bool scatter = fast && exact && scatter_voxels > 0;
+  s.scatter_max_voxels = scatter ? scatter_voxels : 0;
   s.params = params.data_ptr<float>();
   s.precise = precise.data_ptr<double>();
   C10_CUDA_CHECK(microdreamer::launch_setup(s, stream));
@@ -131,6 +134,21 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   }
+
+  // the small Gaussians (kScatter), added after the tiled kernel has written every voxel
+  auto add_scattered = [&]() {
+    if (!scatter) return;
+    microdreamer::ScatterArgs sa{};
+    sa.params = params.data_ptr<float>();
+    sa.n = n;
+    sa.resolution = static_cast<int>(r);
+    sa.axis = axis.data_ptr<float>();
+    sa.cutoff_sq = static_cast<float>(cutoff_sq);
+    sa.out = out.data_ptr<float>();
+    sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0;
+    C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
 
   // per-tile list offsets
   at::Tensor tile_end = at::cumsum(counts, 0, at::kLong);
@@ -175,6 +193,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
                                                 n, variant == 3, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    add_scattered();
     return out;
   }
   // variant 1: the host reads the entries per z-slab of tiles to size and chunk the lists (a sync)
@@ -232,6 +251,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                                              static_cast<int>((z1 - z0) * nty * ntx), stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  add_scattered();
   return out;
 }
 

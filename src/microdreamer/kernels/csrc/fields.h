@@ -14,7 +14,7 @@ namespace microdreamer {
 //   [6..7]  g1, g2: the conditional centre zc = mu_z + g1 dx + g2 dy
 //   [8]     A = P_zz (the precision's zz entry), [9] log2(opacity)
 //   [10]    gfac = 2^(-2 K A h^2) (recurrence step factor), [11] thr = opacity * cutoff_tol
-//   [12]    class (int): kRecur, kDirect, kPrecise, kEmpty
+//   [12]    class (int): kRecur, kDirect, kPrecise, kEmpty, kScatter
 //   [13..18] voxel index ranges lo_x, hi_x, lo_y, hi_y, lo_z, hi_z (int; exact: the cutoff box,
 //            upstream: the union of the blocks whose grown box holds the centre)
 //   [19]    spare
@@ -22,7 +22,9 @@ constexpr int kParamWords = 20;
 // Double-precision coefficients for the kPrecise class: l11, l12, l22, g1, g2, A, log2(opacity), spare.
 constexpr int kPreciseWords = 8;
 
-enum GaussClass : int { kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3 };
+// kScatter: a small Gaussian left out of the tile lists and added by scatter_kernel (exact mode, when
+// SetupArgs.scatter_max_voxels > 0); the tiled kernels treat it like kEmpty.
+enum GaussClass : int { kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3, kScatter = 4 };
 
 struct SetupArgs {
   const float* means;       // [N, 3]
@@ -39,6 +41,8 @@ struct SetupArgs {
   int num_blocks_axis;      // upstream: B = ceil(R / T)
   const double* lower;      // upstream: [B] block bounds (strict)
   const double* upper;      // upstream: [B]
+  int64_t scatter_max_voxels;  // exact mode: Gaussians whose cutoff box has at most this many voxels
+                               // become kScatter (0: none)
   // binning (tile_counts == nullptr: no binning, e.g. for the naive kernel)
   int tile_x, tile_y, tile_z;     // tile size in voxels
   int ntx, nty, ntz;              // tiles per axis
@@ -91,6 +95,19 @@ cudaError_t launch_fill(const FillArgs& a, cudaStream_t stream);
 // chunks: 8-voxel chunks per thread along z (tile_z = 8 * chunks); supported: 1, 2, 4.
 cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles, cudaStream_t stream);
 cudaError_t launch_naive(const NaiveArgs& a, cudaStream_t stream);
+
+struct ScatterArgs {
+  const float* params;
+  int64_t n;
+  int resolution;
+  const float* axis;              // [>= R] grid coordinates
+  float cutoff_sq;
+  float* out;                     // [R, R, R], already holding the tiled kernel's result
+  bool vec4;                      // R % 4 == 0 and out 16-byte aligned: 4-wide vector atomics
+};
+// Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
+// column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
+cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
 // v2 ("fast" variant 2): one list of `capacity` entries for every tile (FillArgs.base and tz range
 // unused); tiles whose entries end past the capacity scan all n Gaussians. No host synchronisation.
 // pair (exact mode): evaluate two z-recurrence Gaussians per warp step (variant 3).
