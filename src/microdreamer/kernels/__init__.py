@@ -58,7 +58,7 @@ _tables: dict[tuple, torch.Tensor] = {}
 
 def default_chunks(config: FieldConfig) -> int:
     """8-voxel chunks per thread along z (tile depth 8 * chunks) for this grid and mode: the fastest
-    measured on an H200 (benchmarks/results/fields_h200.json)."""
+    measured on an H200 (benchmarks/results/fields_h200_round1.json, re-checked in fields_h200.json)."""
     r = config.resolution
     if config.mode != "exact":
         return 1 if r <= 160 else 2
