@@ -100,11 +100,10 @@ def _check_inputs(vertices: torch.Tensor, faces: torch.Tensor, cameras: Cameras)
             f"vertices ({vertices.device}), faces ({faces.device}) and cameras ({cameras.device}) "
             "must be on one device"
         )
-    if faces.numel() and (int(faces.min()) < 0 or int(faces.max()) >= vertices.shape[0]):
-        raise ValueError(
-            f"faces index range [{int(faces.min())}, {int(faces.max())}] "
-            f"is outside [0, {vertices.shape[0] - 1}]"
-        )
+    if faces.numel():
+        lo, hi = torch.stack(torch.aminmax(faces)).tolist()  # one host synchronisation
+        if lo < 0 or hi >= vertices.shape[0]:
+            raise ValueError(f"faces index range [{lo}, {hi}] is outside [0, {vertices.shape[0] - 1}]")
 
 
 def _project(vertices: torch.Tensor, cameras: Cameras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

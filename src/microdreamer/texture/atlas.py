@@ -7,10 +7,15 @@ these samples; :func:`fill_texture` then turns per-texel colours into a full ima
 texel: covered texels that no view saw take the colour of the nearest seen texel on the surface (3D),
 and texels outside every chart (the gutters) the colour of the nearest covered texel in the atlas (2D
 nearest-neighbour dilation), so seams never show black under bilinear filtering or mipmapping.
+
+The fill has two backends with the same results up to ties (equally near sources): SciPy on the CPU
+(k-d tree, exact distance transform) and exact nearest-neighbour searches in PyTorch that run on the
+GPU without leaving it (:func:`nearest_points`, :func:`nearest_covered_texel`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,11 +95,15 @@ def texel_samples(
     return TexelSamples(height, width, index, face, bary, points, normals)
 
 
+FILL_BACKENDS = ("auto", "scipy", "torch")
+
+
 def fill_texture(
     samples: TexelSamples,
     colors: torch.Tensor,
     seen: torch.Tensor,
     default: tuple[float, ...] = (0.5, 0.5, 0.5),
+    backend: str = "auto",
 ) -> tuple[np.ndarray, dict]:
     """Per-texel colours -> a complete [Ht, Wt, 3] uint8 texture with no empty texel.
 
@@ -103,12 +112,23 @@ def fill_texture(
         colors: [T, 3] float RGB in [0, 1]; only rows where ``seen`` are used.
         seen: [T] bool, the texels that received a colour.
         default: the colour of every texel when no texel was seen at all.
+        backend: ``"scipy"`` (k-d tree and exact distance transform on the CPU), ``"torch"`` (exact
+            nearest-point searches in PyTorch on the samples' device: :func:`nearest_points`,
+            :func:`nearest_covered_texel`), or ``"auto"``: torch when the samples are on a GPU, else
+            scipy. Both give every filled texel the colour of a source at the exact nearest distance;
+            they may differ only where several sources are equally near.
 
     Returns:
         ``(texture, stats)``: texture [Ht, Wt, 3] uint8; stats has ints ``texels_covered``,
         ``texels_seen``, ``texels_filled_3d`` (covered but unseen, from the nearest seen surface point)
         and ``texels_dilated`` (outside every chart, from the nearest covered texel in the atlas).
     """
+    if backend not in FILL_BACKENDS:
+        raise ValueError(f"fill backend {backend!r} is unknown; use one of {', '.join(FILL_BACKENDS)}")
+    if backend == "auto":
+        backend = "torch" if samples.index.device.type == "cuda" else "scipy"
+    if backend == "torch":
+        return _fill_texture_torch(samples, colors, seen, default)
     from scipy import ndimage
     from scipy.spatial import cKDTree
 
@@ -144,6 +164,157 @@ def fill_texture(
         texture = texture[iy, ix]
     stats["texels_dilated"] = int(h * w - len(samples))
     return _to_uint8(texture), stats
+
+
+def _fill_texture_torch(
+    samples: TexelSamples, colors: torch.Tensor, seen: torch.Tensor, default: tuple[float, ...]
+) -> tuple[np.ndarray, dict]:
+    """:func:`fill_texture` on the samples' device (one copy to the host: the final uint8 image)."""
+    h, w = samples.height, samples.width
+    device = samples.index.device
+    colors = colors.detach().float().to(device)
+    seen = seen.detach().to(device=device, dtype=torch.bool)
+    n_seen = int(seen.sum())
+    stats = {"texels_covered": len(samples), "texels_seen": n_seen}
+    if n_seen == 0:
+        texture = np.empty((h, w, 3), np.float32)
+        texture[:] = default
+        stats.update(texels_filled_3d=len(samples), texels_dilated=h * w - len(samples))
+        return _to_uint8(texture), stats
+    out = colors.clone()
+    n_unseen = len(samples) - n_seen
+    if n_unseen > 0:
+        points = samples.points.detach().float()
+        src = seen.nonzero(as_tuple=True)[0]
+        dst = (~seen).nonzero(as_tuple=True)[0]
+        out[dst] = colors[src[nearest_points(points[dst], points[src])]]
+    stats["texels_filled_3d"] = n_unseen
+    texture = torch.zeros(h * w, 3, device=device)
+    texture[samples.index] = out
+    if len(samples) < h * w:
+        covered = torch.zeros(h * w, dtype=torch.bool, device=device)
+        covered[samples.index] = True
+        texture = texture[nearest_covered_texel(covered.view(h, w))]
+    stats["texels_dilated"] = h * w - len(samples)
+    texture = torch.round(texture.clamp(0.0, 1.0) * 255.0).to(torch.uint8)
+    return texture.view(h, w, 3).cpu().numpy(), stats
+
+
+def nearest_covered_texel(covered: torch.Tensor, max_elements: int = 1 << 26) -> torch.Tensor:
+    """For every texel of an atlas, the flat index of a covered texel at the exact nearest Euclidean
+    distance (the indices of an exact distance transform), on the mask's device.
+
+    Separable and branch-free: a column pass finds, per texel, the nearest covered texel in its own
+    column (running max / min of covered row indices); a row pass then minimises
+    ``(x - x')^2 + dy(x')^2`` over every column x' of the row, as a dense [rows, Wt, Wt] int32
+    array cut into chunks of at most ``max_elements``. Distances are exact integers. O(Ht Wt^2)
+    work, no host synchronisation inside; about 5 ms for 1024^2 on an H200.
+
+    Args:
+        covered: [Ht, Wt] bool; at least one texel True.
+        max_elements: the most int32 entries of one row-pass chunk (memory: 4 bytes each).
+
+    Returns:
+        [Ht Wt] int64 flat (row-major) indices of covered texels; ties go to the smallest column.
+    """
+    if covered.dim() != 2 or covered.dtype != torch.bool:
+        raise ValueError(f"covered must be an [Ht, Wt] bool mask, got {tuple(covered.shape)} {covered.dtype}")
+    h, w = covered.shape
+    device = covered.device
+    far = 1 << 15  # beyond any row: (far)^2 + (w - 1)^2 still fits in int32 for sizes <= 16384
+    rows = torch.arange(h, device=device, dtype=torch.int32)[:, None].expand(h, w)
+    above = torch.where(covered, rows, torch.full_like(rows, -far)).cummax(dim=0).values
+    below = torch.where(covered, rows, torch.full_like(rows, 2 * far)).flip(0).cummin(dim=0).values.flip(0)
+    near_row = torch.where(rows - above <= below - rows, above, below)  # [Ht, Wt] nearest covered row
+    dy = (rows - near_row).abs().clamp_max(far)
+    dy2 = dy * dy  # [Ht, Wt] int32, far^2 where the column has no covered texel
+    cols = torch.arange(w, device=device, dtype=torch.int32)
+    dx2 = (cols[:, None] - cols[None, :]).square()  # [Wt (x), Wt (x')]
+    best = torch.empty(h, w, dtype=torch.int64, device=device)
+    step = max(1, max_elements // (w * w))
+    for y0 in range(0, h, step):
+        d = dx2[None] + dy2[y0 : y0 + step, None, :]  # [rows, x, x']
+        best[y0 : y0 + step] = d.argmin(dim=-1)
+    row_of = near_row.gather(1, best).long()  # the nearest covered row of the chosen column
+    return (row_of * w + best).reshape(-1)
+
+
+def nearest_points(
+    queries: torch.Tensor, points: torch.Tensor, cell: float | None = None, max_pairs: int = 1 << 24
+) -> torch.Tensor:
+    """Exact nearest neighbour: for each query, the index of a point at the smallest distance.
+
+    A uniform grid search in PyTorch on the inputs' device: points are sorted by cell; each query
+    compares itself with the points of the 3 x 3 x 3 cells around its own, and its best distance d is
+    final when d <= the cell size (nothing outside those cells is nearer). Queries left over are
+    searched again on a grid 4 times coarser, and so on, until one cell holds everything. Distances
+    are compared in float32; among equally near points the smallest index wins.
+
+    Args:
+        queries: [Q, 3] float; points: [P, 3] float, P >= 1; on one device.
+        cell: the finest cell size; default: about 16 points per cell for points on a surface.
+        max_pairs: the most (query, point) pairs evaluated at once (memory: about 40 bytes each).
+
+    Returns:
+        [Q] int64 indices into ``points``.
+    """
+    if queries.dim() != 2 or queries.shape[1] != 3 or points.dim() != 2 or points.shape[1] != 3:
+        raise ValueError(
+            f"queries and points must be [Q, 3] and [P, 3], got {tuple(queries.shape)}, {tuple(points.shape)}"
+        )
+    if points.shape[0] == 0:
+        raise ValueError("nearest_points needs at least one point")
+    from microdreamer.field.binning import chunk_bounds
+
+    device = queries.device
+    q_all, p = queries.detach().float(), points.detach().float().to(device)
+    best_d = torch.full((q_all.shape[0],), torch.inf, device=device)
+    best_i = torch.zeros(q_all.shape[0], dtype=torch.int64, device=device)
+    if q_all.shape[0] == 0:
+        return best_i
+    lo = torch.minimum(q_all.amin(0), p.amin(0))
+    extent = float((torch.maximum(q_all.amax(0), p.amax(0)) - lo).max().clamp_min(1e-12))
+    if cell is None:
+        cell = extent * math.sqrt(16.0 / p.shape[0])
+    h = max(float(cell), extent / 1024.0)
+    offsets = torch.stack(
+        torch.meshgrid(*[torch.arange(-1, 2, device=device)] * 3, indexing="ij"), dim=-1
+    ).reshape(27, 3)
+    todo = torch.arange(q_all.shape[0], device=device)
+    while todo.numel() > 0:
+        g = int(math.floor(extent / h)) + 1  # cells per axis
+        pc = ((p - lo) / h).floor().long().clamp(0, g - 1)
+        keys, order = torch.sort((pc[:, 0] * g + pc[:, 1]) * g + pc[:, 2])
+        q = q_all[todo]
+        nb = ((q - lo) / h).floor().long().clamp(0, g - 1)[:, None, :] + offsets  # [n, 27, 3]
+        inside = ((nb >= 0) & (nb < g)).all(dim=-1)
+        nkey = torch.where(inside, (nb[..., 0] * g + nb[..., 1]) * g + nb[..., 2], -1)
+        start = torch.searchsorted(keys, nkey)
+        count = torch.searchsorted(keys, nkey, right=True) - start  # [n, 27]
+        per_query = count.sum(dim=1)
+        bounds = chunk_bounds(per_query, max_pairs)
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            cnt = count[a:b].reshape(-1)
+            slot = torch.repeat_interleave(torch.arange(cnt.numel(), device=device), cnt)
+            first = torch.cumsum(cnt, 0) - cnt
+            pos = start[a:b].reshape(-1)[slot] + torch.arange(slot.numel(), device=device) - first[slot]
+            qi = slot // 27  # query within the chunk
+            pi = order[pos]
+            d = (q[a:b][qi] - p[pi]).square().sum(dim=-1)
+            dmin = torch.full((b - a,), torch.inf, device=device).scatter_reduce(0, qi, d, reduce="amin")
+            big = torch.full((b - a,), p.shape[0], dtype=torch.int64, device=device)
+            win = d == dmin[qi]
+            imin = big.scatter_reduce(0, qi[win], pi[win], reduce="amin")
+            tq = todo[a:b]
+            old_d, old_i = best_d[tq], best_i[tq]
+            better = (dmin < old_d) | ((dmin == old_d) & (imin < old_i))
+            best_d[tq] = torch.where(better, dmin, old_d)
+            best_i[tq] = torch.where(better, imin, old_i)
+        if g <= 3:  # the 27 cells held every point: all queries are final
+            break
+        todo = todo[best_d[todo] > h * h]
+        h *= 4.0
+    return best_i
 
 
 def redilate(texture: np.ndarray, samples: TexelSamples) -> np.ndarray:

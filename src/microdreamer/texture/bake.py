@@ -234,11 +234,9 @@ def bake_views(
         _sync(device)
         seconds["rasterize"] += time.perf_counter() - start
         start = time.perf_counter()
-        rgba = torch.cat([rgb, alpha], dim=-1).reshape(len(cams), -1, 4)
+        rgba = torch.cat([rgb, alpha], dim=-1).reshape(-1, 4)
         depth = torch.where(frags.alpha > 0, frags.depth, torch.full_like(frags.depth, math.inf))
-        depth = depth.reshape(len(cams), -1)
-        for c in range(len(cams)):
-            _accumulate(samples, cams[c], rgba[c], depth[c], config, num, den)
+        _accumulate(samples, cams, rgba, depth.reshape(-1), config, num, den)
         _sync(device)
         seconds["project"] += time.perf_counter() - start
         if bar is not None:
@@ -257,63 +255,52 @@ def _sync(device: torch.device) -> None:
 
 def _accumulate(
     samples: TexelSamples,
-    cam: Cameras,
+    cams: Cameras,
     rgba: torch.Tensor,
     depth: torch.Tensor,
     config: BakeConfig,
     num: torch.Tensor,
     den: torch.Tensor,
 ) -> None:
-    """Add one view's weighted colours to num [T, 3] and den [T] (in place).
+    """Add the weighted colours of c views to num [T, 3] and den [T] (in place).
 
-    rgba: [H W, 4] premultiplied colour and alpha of the render; depth: [H W] camera-space z of the
-    mesh raster, +inf where the mesh does not cover the pixel.
+    rgba: [c H W, 4] premultiplied colour and alpha of the renders; depth: [c H W] camera-space z of
+    the mesh raster, +inf where the mesh does not cover the pixel. All c x T (view, texel) pairs are
+    evaluated with masks, not compacted: no host synchronisation.
     """
-    H, W = cam.height, cam.width
-    R, t = cam.viewmats[0, :3, :3], cam.viewmats[0, :3, 3]
-    K = cam.Ks[0]
-    centre = -R.T @ t
-    # facing test first, on all texels: cos = n . (centre - p) / |centre - p|
-    to_cam = centre - samples.points
-    dist = to_cam.norm(dim=-1).clamp_min(1e-12)
-    cos = (samples.normals * to_cam).sum(-1) / dist
-    idx = (cos > config.cos_threshold).nonzero(as_tuple=True)[0]
-    if idx.numel() == 0:
-        return
-    cos = cos[idx]
-    pc = samples.points[idx] @ R.T + t  # camera space
-    z = pc[:, 2]
+    c, H, W = len(cams), cams.height, cams.width
+    R, t = cams.viewmats[:, :3, :3], cams.viewmats[:, :3, 3]  # [c, 3, 3], [c, 3]
+    fx_, fy_ = cams.Ks[:, 0, 0, None], cams.Ks[:, 1, 1, None]  # [c, 1]
+    cx_, cy_ = cams.Ks[:, 0, 2, None], cams.Ks[:, 1, 2, None]
+    centre = -(R.transpose(1, 2) @ t[:, :, None])[..., 0]  # [c, 3]
+    points = samples.points
+    # facing: cos = n . (centre - p) / |centre - p|
+    to_cam = centre[:, None, :] - points[None]  # [c, T, 3]
+    cos = (samples.normals[None] * to_cam).sum(-1) / to_cam.norm(dim=-1).clamp_min(1e-12)  # [c, T]
+    pc = torch.einsum("cij,tj->cti", R, points) + t[:, None, :]  # camera space [c, T, 3]
+    z = pc[..., 2]
     zs = z.clamp_min(1e-9)
-    x = K[0, 0] * pc[:, 0] / zs + K[0, 2] - 0.5  # continuous pixel index (centres at integers)
-    y = K[1, 1] * pc[:, 1] / zs + K[1, 2] - 0.5
-    ok = (z > cam.near) & (x >= 0) & (y >= 0) & (x <= W - 1) & (y <= H - 1)
-    if not bool(ok.all()):
-        keep = ok.nonzero(as_tuple=True)[0]
-        idx, cos, x, y, z = idx[keep], cos[keep], x[keep], y[keep], z[keep]
-    if idx.numel() == 0:
-        return
-    x0 = x.floor().long().clamp(0, max(W - 2, 0))
-    y0 = y.floor().long().clamp(0, max(H - 2, 0))
-    fx, fy = x - x0, y - y0
+    x = fx_ * pc[..., 0] / zs + cx_ - 0.5  # continuous pixel index (centres at integers)
+    y = fy_ * pc[..., 1] / zs + cy_ - 0.5
+    ok = (cos > config.cos_threshold) & (cos > 0) & (z > cams.near)
+    ok &= (x >= 0) & (y >= 0) & (x <= W - 1) & (y <= H - 1)
+    x0 = x.nan_to_num(0.0).clamp(0, max(W - 2, 0)).floor().long()
+    y0 = y.nan_to_num(0.0).clamp(0, max(H - 2, 0)).floor().long()
+    fx, fy = (x - x0).clamp(0, 1), (y - y0).clamp(0, 1)
     # depth tolerance: the surface's depth change over 1.5 pixels at this slope, plus depth_eps
-    tan = (1.0 - cos * cos).clamp_min(0.0).sqrt() / cos
-    tol = z * (config.depth_eps + 1.5 * tan / K[1, 1].abs())
-    base = y0 * W + x0
+    cpos = cos.clamp_min(1e-6)
+    tan = (1.0 - cpos * cpos).clamp_min(0.0).sqrt() / cpos
+    tol = z * (config.depth_eps + 1.5 * tan / fy_.abs())
+    base = (torch.arange(c, device=z.device)[:, None] * H + y0) * W + x0
     x1 = (x0 + 1).clamp(max=W - 1) - x0
     y1 = ((y0 + 1).clamp(max=H - 1) - y0) * W
-    pix = torch.stack([base, base + x1, base + y1, base + y1 + x1], dim=-1)  # [n, 4]
-    visible = ((depth[pix] - z[:, None]).abs() <= tol[:, None]).all(dim=-1)  # inf depth: not covered
-    keep = visible.nonzero(as_tuple=True)[0]
-    if keep.numel() == 0:
-        return
-    pix, fx, fy, cos, idx = pix[keep], fx[keep], fy[keep], cos[keep], idx[keep]
-    wts = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], dim=-1)  # [n, 4]
-    sample = (wts[:, :, None] * rgba[pix]).sum(dim=1)  # [n, 4]
-    a = sample[:, 3]
-    use = (a >= config.min_alpha) & (a > 0)
-    if not bool(use.any()):
-        return
-    a = a[use]
-    weight = a * cos[use] ** config.cos_power
-    num.index_add_(0, idx[use], (weight / a)[:, None] * sample[use, :3])
-    den.index_add_(0, idx[use], weight)
+    pix = torch.stack([base, base + x1, base + y1, base + y1 + x1], dim=-1)  # [c, T, 4]
+    ok &= ((depth[pix] - z[..., None]).abs() <= tol[..., None]).all(dim=-1)  # inf depth: not covered
+    wts = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], dim=-1)  # [c, T, 4]
+    sample = (wts[..., None] * rgba[pix]).sum(dim=-2)  # [c, T, 4]
+    a = sample[..., 3]
+    ok &= (a >= config.min_alpha) & (a > 0)
+    weight = torch.where(ok, a * cpos**config.cos_power, 0.0)  # [c, T]
+    colour = sample[..., :3] / a.clamp_min(1e-12)[..., None]
+    num += (weight[..., None] * torch.where(ok[..., None], colour, 0.0)).sum(dim=0)
+    den += weight.sum(dim=0)
