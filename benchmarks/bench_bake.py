@@ -1,16 +1,21 @@
 """Texture-bake benchmarks: speed of a 50k-face bake into a 1024^2 atlas, and bake quality on spot.
 
     python benchmarks/bench_bake.py speed [--device cpu|cuda] [--splat PATH] [--layout-cache FILE.npz]
+                                          [--view-batch 4 26]
     python benchmarks/bench_bake.py quality [--size 1024] [--views 512]
+    python benchmarks/bench_bake.py quality --splat WORKDIR/spot_out/splat.ply --data WORKDIR/spot_views
+                                            [--device cuda] [--iso 0.2] [--variant KEY=VALUE,...]
 
 ``speed``: the sample splat ``dg_ghost_amd_17k.ply`` -> mesh (128^3 exact field, decimated to 50k
 faces) -> xatlas unwrap (timed once; cached in ``--layout-cache`` so that a device run can skip it) ->
 the bake steps, each timed (warm-up, then the median of ``--repeat`` runs, device synchronised): texel
 sampling of the 1024^2 atlas, splat renders of the 26 default views at 512^2, mesh rasterisation for
-visibility, back-projection, fill. "bake" = everything but the splat renders and the unwrap; "bake +
-renders" adds the renders.
+visibility, back-projection, fill. "bake" = texel sampling + rasterisation + back-projection + fill
+(everything but the splat renders and the unwrap); "bake + renders" adds the renders. Repeated for
+each ``--view-batch`` (views rasterised and back-projected at once).
 
-``quality``: Keenan Crane's spot (``../shared/samples/meshes/spot``), two measurements:
+``quality``: Keenan Crane's spot (``../shared/samples/meshes/spot``). Without ``--splat``, two
+measurements:
 
 * ``gt_renders``: spot's geometry re-unwrapped with xatlas, baked from renders of the textured ground
   truth (the default 26 views), then rendered at 8 held-out views and compared with the ground truth
@@ -18,6 +23,16 @@ renders" adds the renders.
 * ``surface_splat``: a splat made in code from spot (flat Gaussians at area-weighted surface samples,
   coloured from the texture; not a trained reconstruction) -> mesh stage -> bake -> PSNR of the
   textured mesh's renders vs the ground-truth spot and vs the splat's own renders at 8 held-out views.
+
+With ``--splat`` (a reconstruction, e.g. from ``bench_reconstruct.py spot``, whose splat PLY is
+``WORKDIR/spot_out/splat.ply`` and dataset ``WORKDIR/spot_views``): ``reconstruction``: the splat ->
+mesh stage at iso-level ``--iso`` (reconstruct's 0.2, its field defaults) -> texture stage (default
+TextureConfig: 50k-face cap, ``--size`` atlas, 26 bake views of ``--views`` pixels) -> PSNR of the
+textured mesh vs the ground truth (normalised into the dataset's frame with ``--data``'s
+normalisation) and vs the splat's renders at 8 held-out views (random azimuths, elevations in
+[-30, 30] degrees: none is a bake view), 512^2, on white; plus the splat vs the ground truth (the
+ceiling). Each ``--variant`` (comma-separated KEY=VALUE of ``iso``, ``size``, ``views``,
+``cos_threshold``, ``depth_eps``, ``min_alpha``, ``cos_power``) repeats the mesh + bake with changes.
 
 Results go to benchmarks/results/bake_<mode>_<device>.json with the command and hardware.
 """
@@ -104,11 +119,10 @@ def bench_speed(args) -> dict:
     faces = torch.as_tensor(layout.mesh.faces, device=device)
     uv = torch.as_tensor(layout.uv, device=device)
     size = args.texture_size
-    config = BakeConfig(backend=args.backend)
 
     samples, t_texels = timed(lambda: texel_samples(verts, faces, uv, size, size), device, args.repeat)
     center, radius = framing(verts)
-    cams = bake_cameras(config.views, center, radius).to(device)
+    cams = bake_cameras(BakeConfig().views, center, radius).to(device)
     render = splat_render_fn(splat, args.backend)
     renders, t_render = timed(lambda: render(cams), device, max(1, args.repeat // 2))
     cached = {"rgb": renders[0], "alpha": renders[1]}
@@ -117,26 +131,39 @@ def bench_speed(args) -> dict:
         idx = [int(i) for i in _view_index(cams, c)]
         return cached["rgb"][idx], cached["alpha"][idx]
 
-    def bake():
-        return bake_views(samples, verts, faces, cams, cached_render, config)
-
-    (colors, seen, stats), t_bake_views = timed(bake, device, args.repeat)
-    (texture, fill_stats), t_fill = timed(lambda: fill_texture(samples, colors, seen), device, args.repeat)
-    seconds = {
-        "unwrap_xatlas_cpu": layout.stats["seconds"]["xatlas"],
-        "texels": t_texels,
-        "splat_renders": t_render,
-        "rasterize": stats["seconds"]["rasterize"],
-        "project": stats["seconds"]["project"],
-        "bake_views_total": t_bake_views,
-        "fill": t_fill,
-    }
-    seconds["bake"] = t_texels + t_bake_views + t_fill
-    seconds["bake_plus_renders"] = seconds["bake"] + t_render
+    runs = []
+    for view_batch in args.view_batch:
+        config = BakeConfig(backend=args.backend, view_batch=view_batch)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        (colors, seen, stats), t_bake_views = timed(
+            lambda config=config: bake_views(samples, verts, faces, cams, cached_render, config),
+            device,
+            args.repeat,
+        )
+        (texture, fill_stats), t_fill = timed(
+            lambda colors=colors, seen=seen: fill_texture(samples, colors, seen), device, args.repeat
+        )
+        seconds = {
+            "unwrap_xatlas_cpu": layout.stats["seconds"]["xatlas"],
+            "texels": t_texels,
+            "splat_renders": t_render,
+            "rasterize": stats["seconds"]["rasterize"],
+            "project": stats["seconds"]["project"],
+            "bake_views_total": t_bake_views,
+            "fill": t_fill,
+        }
+        seconds["bake"] = t_texels + t_bake_views + t_fill
+        seconds["bake_plus_renders"] = seconds["bake"] + t_render
+        run = {"view_batch": view_batch, "seconds": seconds}
+        if device.type == "cuda":
+            run["peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        runs.append(run)
     return {
         "mode": "speed",
         "device": str(device),
         "render_backend": args.backend,
+        "fill_backend": "torch" if device.type == "cuda" else "scipy",
         "faces": layout.mesh.num_faces,
         "vertices": layout.mesh.num_vertices,
         "charts": layout.stats.get("charts"),
@@ -146,7 +173,13 @@ def bench_speed(args) -> dict:
         "texels_covered": fill_stats["texels_covered"],
         "texels_seen": fill_stats["texels_seen"],
         "repeat": args.repeat,
-        "seconds": seconds,
+        "definitions": {
+            "bake": "texels + bake_views_total (rasterize + project, renders cached) + fill: everything but the splat renders and the unwrap",
+            "bake_plus_renders": "bake + splat_renders (26 views, 512^2)",
+            "rasterize, project": "seconds of the last timed bake_views call, by step (device synchronised)",
+        },
+        "runs": runs,
+        "seconds": runs[0]["seconds"],
         "targets": {"cpu_bake_s": 30.0, "h200_bake_s": 0.5},
     }
 
@@ -293,12 +326,156 @@ def bench_quality(args) -> dict:
     return out
 
 
+VARIANT_KEYS = ("iso", "size", "views", "cos_threshold", "depth_eps", "min_alpha", "cos_power")
+
+
+def parse_variant(text: str) -> dict:
+    """``"iso=0.5,size=2048"`` -> {"iso": 0.5, "size": 2048}."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in VARIANT_KEYS:
+            raise SystemExit(f"--variant key {key!r} is unknown; use {', '.join(VARIANT_KEYS)}")
+        out[key] = int(value) if key in ("size", "views") else float(value)
+    return out
+
+
+def heldout_cameras(gt, device):
+    """8 held-out views of ``gt`` (seeded): random azimuths, elevations in [-30, 30], 512^2, framed
+    like the bake views. None coincides with a bake view (elevations 0, +-45 at multiples of 45)."""
+    from microdreamer.texture.bake import centred_orbit_cameras, framing
+
+    center, radius = framing(torch.as_tensor(gt.vertices, dtype=torch.float32))
+    g = torch.Generator().manual_seed(1234)
+    elevation, azimuth = -30 + 60 * torch.rand(8, generator=g), 360 * torch.rand(8, generator=g)
+    return centred_orbit_cameras(elevation, azimuth, center, radius, 49.1, 512, 1.05).to(device)
+
+
+def _psnr_block(pred, ref, mask) -> dict:
+    """PSNR over the pixels of ``mask`` [C, H, W, 1] (object) and over whole images, per view and mean."""
+    m = (mask[..., 0] > 0).float()
+    err = ((pred - ref) ** 2).mean(-1)
+    obj = -10 * torch.log10((err * m).sum((1, 2)) / m.sum((1, 2)).clamp_min(1))
+    img = -10 * torch.log10(err.mean((1, 2)))
+    return {
+        "psnr_object_mean": round(float(obj.mean()), 3),
+        "psnr_image_mean": round(float(img.mean()), 3),
+        "per_view_object": [round(float(x), 2) for x in obj],
+        "per_view_image": [round(float(x), 2) for x in img],
+    }
+
+
+def bench_quality_reconstruction(args) -> dict:
+    """The reconstruction Must-show: reconstructed splat -> mesh -> texture -> PSNR at 8 held-out views."""
+    from microdreamer.data import load_dataset
+    from microdreamer.field import FieldConfig
+    from microdreamer.mesh import MeshConfig
+    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.pipeline import splat_to_mesh
+    from microdreamer.render.gaussians import render
+    from microdreamer.render.mesh import render_mesh
+    from microdreamer.splat import read_ply
+    from microdreamer.texture import BakeConfig, BakeViewsConfig, TextureConfig, texture_mesh
+    from microdreamer.turntable import renderable_mesh
+
+    device = torch.device(args.device)
+    spot = SAMPLES / "meshes" / "spot"
+    gt = load_textured_mesh(spot / "spot_triangulated.obj", spot / "spot_texture.png")
+    norm = load_dataset(args.data).normalization if args.data else None
+    if norm is not None:
+        gt = gt.transformed(norm.center, norm.scale)
+    splat = read_ply(args.splat).to(device)
+    held = heldout_cameras(gt, device)
+    white = (1.0, 1.0, 1.0)
+    ref = render_mesh(gt, held, background=white, ssaa=2)
+    with torch.no_grad():
+        splat_img = render(splat, held, background=white, backend=args.backend)
+    splat_rgb, splat_alpha = splat_img.rgb.float(), splat_img.alpha.float()
+    out: dict = {
+        "splat": str(args.splat),
+        "data": str(args.data),
+        "gaussians": len(splat),
+        "heldout_views": 8,
+        "heldout_size": 512,
+        "metric_note": "PSNR on white backgrounds; object = pixels covered by either image (union of alphas > 0); image = whole 512^2 images",
+        "splat_vs_ground_truth": _psnr_block(splat_rgb, ref.rgb, torch.maximum(ref.alpha, splat_alpha)),
+        "runs": [],
+    }
+    print("splat vs ground truth", json.dumps(out["splat_vs_ground_truth"]), flush=True)
+    meshes: dict = {}
+    for text in ["", *args.variant]:
+        v = parse_variant(text)
+        iso = v.get("iso", args.iso)
+        start = time.perf_counter()
+        if iso not in meshes:
+            meshes[iso] = splat_to_mesh(splat, FieldConfig(), MeshConfig(threshold=iso), device).mesh
+        t_mesh = time.perf_counter() - start
+        bake = BakeConfig(
+            views=BakeViewsConfig(size=v.get("views", args.views)),
+            backend=args.backend,
+            **{k: v[k] for k in ("cos_threshold", "depth_eps", "min_alpha", "cos_power") if k in v},
+        )
+        tconf = TextureConfig(size=v.get("size", args.size), bake=bake)
+        _sync(device)
+        start = time.perf_counter()
+        textured = texture_mesh(meshes[iso], splat, tconf, device=device)
+        _sync(device)
+        t_texture = time.perf_counter() - start
+        pred = render_mesh(renderable_mesh(textured.mesh), held, background=white, ssaa=2)
+        mesh_alpha = render_mesh(meshes[iso], held, background=white, ssaa=2).alpha
+        run = {
+            "variant": text or "default",
+            "iso": iso,
+            "texture_size": tconf.size,
+            "bake_view_size": bake.views.size,
+            "mesh_faces": meshes[iso].num_faces,
+            "seconds_mesh": t_mesh,
+            "seconds_texture": t_texture,
+            "seconds_by_step": textured.stats["seconds"],
+            "stats": {k: x for k, x in textured.stats.items() if k != "seconds"},
+            "vs_ground_truth": _psnr_block(pred.rgb, ref.rgb, torch.maximum(ref.alpha, pred.alpha)),
+            "vs_splat_renders": _psnr_block(pred.rgb, splat_rgb, torch.maximum(splat_alpha, pred.alpha)),
+            "silhouette_iou_vs_ground_truth": float(
+                ((mesh_alpha > 0.5) & (ref.alpha > 0.5)).sum()
+                / ((mesh_alpha > 0.5) | (ref.alpha > 0.5)).sum()
+            ),
+        }
+        out["runs"].append(run)
+        print("run", json.dumps(run), flush=True)  # the log keeps every run even if a later one fails
+        print(
+            f"{run['variant']}: vs GT {run['vs_ground_truth']['psnr_object_mean']:.2f} / "
+            f"{run['vs_ground_truth']['psnr_image_mean']:.2f} dB, vs splat "
+            f"{run['vs_splat_renders']['psnr_object_mean']:.2f} / {run['vs_splat_renders']['psnr_image_mean']:.2f}"
+            f" dB (object / image), texture {t_texture:.2f} s",
+            flush=True,
+        )
+    default = out["runs"][0]
+    out["must_show"] = {
+        "vs_ground_truth_psnr_object": default["vs_ground_truth"]["psnr_object_mean"],
+        "vs_ground_truth_psnr_image": default["vs_ground_truth"]["psnr_image_mean"],
+        "vs_splat_psnr_object": default["vs_splat_renders"]["psnr_object_mean"],
+        "vs_splat_psnr_image": default["vs_splat_renders"]["psnr_image_mean"],
+        "targets": {"vs_ground_truth": 26.0, "vs_splat": 28.0},
+    }
+    return {"mode": "quality", "reconstruction": out}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["speed", "quality"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="auto", help="Gaussian renderer backend")
-    parser.add_argument("--splat", default=str(SAMPLES / "splats" / "dg_ghost_amd_17k.ply"))
+    parser.add_argument(
+        "--splat",
+        default=None,
+        help="speed: the splat (default: the ghost sample); quality: a reconstruction",
+    )
+    parser.add_argument("--data", default=None, help="quality: the --splat's dataset (its normalisation)")
+    parser.add_argument("--iso", type=float, default=0.2, help="quality --splat: mesh iso-level")
+    parser.add_argument(
+        "--variant", action="append", default=[], help="quality --splat: KEY=VALUE,... (repeatable)"
+    )
+    parser.add_argument("--view-batch", type=int, nargs="+", default=[4], help="speed: views per batch")
     parser.add_argument("--layout-cache", default=None)
     parser.add_argument("--faces", type=int, default=50_000)
     parser.add_argument("--texture-size", type=int, default=1024)
@@ -311,8 +488,16 @@ def main() -> None:
         "--out", default=None, help="JSON path (default benchmarks/results/bake_<mode>_<device>.json)"
     )
     args = parser.parse_args()
+    args.splat_given = args.splat is not None
+    if args.splat is None:
+        args.splat = str(SAMPLES / "splats" / "dg_ghost_amd_17k.ply")
     device = torch.device(args.device)
-    result = bench_speed(args) if args.mode == "speed" else bench_quality(args)
+    if args.mode == "speed":
+        result = bench_speed(args)
+    elif args.splat_given:
+        result = bench_quality_reconstruction(args)
+    else:
+        result = bench_quality(args)
     result["command"] = "python benchmarks/bench_bake.py " + " ".join(sys.argv[1:])
     result["hardware"] = hardware()
     out = (
@@ -325,10 +510,11 @@ def main() -> None:
     if args.mode == "speed":
         width = max(len(k) for k in result["seconds"])
         print(
-            f"\n{'step':<{width}}  seconds ({result['device']}, {result['faces']} faces, {args.texture_size}^2)"
+            f"\n{'step':<{width}}  seconds by view_batch {args.view_batch} "
+            f"({result['device']}, {result['faces']} faces, {args.texture_size}^2)"
         )
-        for k, v in result["seconds"].items():
-            print(f"{k:<{width}}  {v:8.3f}")
+        for k in result["seconds"]:
+            print(f"{k:<{width}}  " + "  ".join(f"{r['seconds'][k]:8.4f}" for r in result["runs"]))
     print(f"wrote {out}")
 
 
