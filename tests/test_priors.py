@@ -257,3 +257,112 @@ def test_full_architecture_matches_stable_zero123():
         14,
     )
     assert a["clip"]["projection_dim"] == 768 == a["context_dim"]
+
+
+# ------------------------------------------------------------------------------ cross-attention shortcut
+def _attn_layers(unet, suffix: str):
+    return [m for n, m in unet.named_modules() if n.endswith(suffix)]
+
+
+@pytest.mark.parametrize("residual, rescale", [(False, 1.0), (True, 2.0)])
+@pytest.mark.parametrize("batch, seq", [(1, 1), (3, 17), (2, 64)])
+def test_single_token_cross_attention_matches_sdpa(batch, seq, residual, rescale):
+    """One context token: the shortcut (value projection broadcast) equals diffusers' SDPA processor
+    on fresh random weights and inputs, with and without a residual connection and output rescale."""
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+
+    from microdreamer.priors.zero123 import SingleTokenCrossAttention
+
+    torch.manual_seed(11)
+    attn = Attention(
+        24, cross_attention_dim=16, heads=3, dim_head=8, residual_connection=residual,
+        rescale_output_factor=rescale,
+    ).eval()  # fmt: skip
+    g = torch.Generator().manual_seed(batch * 100 + seq)
+    x = torch.randn(batch, seq, 24, generator=g)
+    ctx = torch.randn(batch, 1, 16, generator=g) * 3
+    with torch.no_grad():
+        want = AttnProcessor2_0()(attn, x, ctx)
+        got = SingleTokenCrossAttention()(attn, x, ctx)
+    assert got.shape == want.shape == (batch, seq, 24)
+    # float32: the same products in another summation order (a [B, 1] GEMM instead of [B, seq])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_single_token_cross_attention_falls_back_for_several_tokens_or_a_mask():
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+
+    from microdreamer.priors.zero123 import SingleTokenCrossAttention
+
+    torch.manual_seed(12)
+    attn = Attention(24, cross_attention_dim=16, heads=3, dim_head=8).eval()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 10, 24, generator=g)
+    with torch.no_grad():
+        ctx = torch.randn(2, 4, 16, generator=g)
+        assert torch.equal(SingleTokenCrossAttention()(attn, x, ctx), AttnProcessor2_0()(attn, x, ctx))
+        ctx1 = ctx[:, :1]
+        mask = torch.zeros(2, 1, dtype=torch.float32)  # an additive mask: goes the general way
+        assert torch.equal(
+            SingleTokenCrossAttention()(attn, x, ctx1, mask), AttnProcessor2_0()(attn, x, ctx1, mask)
+        )
+    self_attn = Attention(24, heads=3, dim_head=8).eval()  # no context: self-attention, the general way
+    with torch.no_grad():
+        assert torch.equal(SingleTokenCrossAttention()(self_attn, x), AttnProcessor2_0()(self_attn, x))
+
+
+def test_unet_with_the_shortcut_matches_the_unet_without(tiny_folder):
+    """The whole tiny UNet, cross-attention shortcut on vs off (Zero123's [B, 1, D] context), and
+    the prior switches its layers both ways."""
+    comps = build_random_zero123("tiny", seed=4)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 8, 8, 8, generator=g)
+    ctx = torch.randn(3, 1, 32, generator=g)
+    t = torch.full((3,), 451.0)
+    off = Zero123Prior(comps, Zero123Config(image_size=SIZE, single_token_cross_attention=False))
+    assert all(type(m.processor).__name__ == "AttnProcessor2_0" for m in _attn_layers(comps.unet, "attn2"))
+    with torch.no_grad():
+        want = off.nets.unet(x, t, encoder_hidden_states=ctx).sample
+    on = Zero123Prior(comps, Zero123Config(image_size=SIZE))
+    assert all(
+        type(m.processor).__name__ == "SingleTokenCrossAttention" for m in _attn_layers(comps.unet, "attn2")
+    )
+    assert all(type(m.processor).__name__ == "AttnProcessor2_0" for m in _attn_layers(comps.unet, "attn1"))
+    with torch.no_grad():
+        got = on.nets.unet(x, t, encoder_hidden_states=ctx).sample
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # float32 summation order only
+
+
+@pytest.mark.cuda
+def test_prior_layouts_and_shortcut_agree_on_cuda():
+    """On the GPU: channels-last and the cross-attention shortcut give the UNet's and the VAE's
+    outputs of the plain NCHW / SDPA configuration, and switching back restores NCHW weights."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    comps = build_random_zero123("tiny", seed=5)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(4, 8, 8, 8, device="cuda", generator=g)
+    ctx = torch.randn(4, 1, 32, device="cuda", generator=g)
+    imgs = torch.rand(4, 3, SIZE, SIZE, device="cuda", generator=g)
+    outs = {}
+    for name, kw in {
+        "plain": dict(channels_last=False, single_token_cross_attention=False),
+        "fast": dict(channels_last=True, vae_channels_last=True, single_token_cross_attention=True),
+        "back": dict(channels_last=False, single_token_cross_attention=False),
+    }.items():
+        prior = Zero123Prior(
+            comps, Zero123Config(image_size=SIZE, dtype="float32", cuda_graphs=False, **kw), "cuda"
+        )
+        conv = prior.nets.unet.conv_in.weight
+        assert conv.is_contiguous(
+            memory_format=torch.channels_last if kw["channels_last"] else torch.contiguous_format
+        )
+        with torch.no_grad():
+            eps = prior.unet(x, 451, ctx)
+            lat = prior.encode(imgs)
+            outs[name] = (eps, lat, prior.decode(lat))
+    # TF32 convolutions and matmuls (PyTorch's default on Ampere+ for cuDNN) in other algorithms
+    for a, b in zip(outs["fast"], outs["plain"], strict=True):
+        torch.testing.assert_close(a, b, atol=5e-3, rtol=5e-3)
+    for a, b in zip(outs["back"], outs["plain"], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

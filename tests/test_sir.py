@@ -205,10 +205,31 @@ def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
     res = generate(tmp_path / "in.png", out, cfg, random_weights="tiny", device="cpu")
     assert sorted(p.name for p in out.iterdir()) == ["mesh.glb", "splat.ply", "timings.json", "views.png"]
     timings = json.loads((out / "timings.json").read_text())
-    assert set(timings["stages"]) == {"diffusion", "reconstruction", "mesh"}
+    assert set(timings["stages"]) == {"diffusion", "reconstruction", "mesh", "other"}
+    assert set(timings["background_seconds"]) == {"export_splat", "views_png"}  # written in a thread
+    assert timings["texture"]["mode"] == "bake" and timings["texture"]["size"] == 32
     assert all(v >= 0 for v in timings["stages"].values())
     assert timings["random_weights"] == "tiny" and timings["mask_method"] == "alpha"
     assert timings["prior_stats"]["unet_calls"] == 20 + 25
     assert len(read_ply(out / "splat.ply")) == res["num_gaussians"] > 0
     assert Image.open(out / "views.png").size == (4 * 32, 2 * 32)  # 8 azimuths, 4 x 2
     assert res["mesh_faces"] > 0
+
+
+def test_background_writer_returns_its_value_and_reraises_its_error():
+    from microdreamer.generate import _Background
+
+    assert _Background(lambda: 7, "t").result() == 7
+
+    def fail():
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _Background(fail, "t").result()
+
+
+def test_generate_texture_default_is_a_capped_512_bake():
+    from microdreamer.generate import GenerateConfig
+
+    tex = GenerateConfig().texture
+    assert (tex.mode, tex.size, tex.max_faces) == ("bake", 512, 10_000)

@@ -7,15 +7,23 @@
     OUT/views.png      the splat from 8 azimuths at the input's elevation (4 x 2 grid)
     OUT/timings.json   seconds per stage, grouped as diffusion / reconstruction / mesh, and counters
 
+CPU-side work overlaps GPU work where the data allow it: the modules of the export stages are
+imported in a background thread while the prior runs (the first generation in a process otherwise
+pays ~1 s of imports after the GPU work), and splat.ply and views.png are written in a background
+thread while the mesh is extracted and textured.
+
 ``random_weights="tiny"|"full"`` replaces the model by one of the same architecture with random
 weights (:mod:`microdreamer.priors.factory`): for timing and plumbing only, its output is noise.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,12 +44,38 @@ from microdreamer.sir import SIRConfig, run_sir
 logger = logging.getLogger(__name__)
 
 RANDOM_WEIGHTS = ("tiny", "full")
+#: imported in a background thread while the prior runs (used by the export stages after it)
+PRELOAD_MODULES = (
+    "microdreamer.mesh",
+    "microdreamer.texture",
+    "microdreamer.pipeline",
+    "skimage.measure",
+    "scipy.spatial",
+    "scipy.ndimage",
+    "fast_simplification",
+    "xatlas",
+    "trimesh",
+    "PIL.Image",
+    "PIL.PngImagePlugin",
+)
 #: how the stage timer's entries add up to the three reported stages
 STAGE_GROUPS = {
     "diffusion": ("embed", "warmup", "diffusion"),
     "reconstruction": ("render", "reconstruction", "prune"),
     "mesh": ("field", "mesh", "texture", "export_mesh"),
+    "other": ("prepare", "views", "join_writes"),
 }
+
+
+def generate_texture_config():
+    """generate's texture default: a 512^2 atlas baked from splat renders onto the mesh capped at
+    10k faces. The cap bounds xatlas (single-threaded, superlinear in faces: 0.5 s at 5k, 1 s at
+    10k, 4.7 s at 20k, 16 s at 50k faces of a smooth mesh on the 2-core dev CPU; on the H200 host,
+    the random model's noise mesh: ~2 s at 10k, 19 s at 50k); 512^2 texels suit views made at
+    256^2 and keep the bake and the nearest-neighbour fill at a quarter of 1024^2's texels."""
+    from microdreamer.texture import TextureConfig
+
+    return TextureConfig(size=512, max_faces=10_000)
 
 
 @dataclass
@@ -54,8 +88,9 @@ class GenerateConfig:
         sir: score-based iterative reconstruction (iterations, views, losses, training, seed).
         field: density field of the mesh export.
         mesh: the mesh stage (:class:`microdreamer.mesh.MeshConfig`; imported lazily).
-        texture: the mesh's texture (:class:`microdreamer.texture.TextureConfig`; default: baked from
-            the splat's renders into a 1024^2 atlas; ``mode="none"`` exports it untextured).
+        texture: the mesh's texture (:class:`microdreamer.texture.TextureConfig`; default:
+            :func:`generate_texture_config`, baked from the splat's renders; ``mode="none"`` exports
+            it untextured).
         elevation_deg: elevation of the input image's camera (MicroDreamer's sign: negative = above).
         views_size: side of each of the 8 preview renders in views.png.
         warmup: before the SIR loop, capture the prior's CUDA graphs (timed as its own stage).
@@ -77,9 +112,7 @@ class GenerateConfig:
 
             self.mesh = MeshConfig()
         if self.texture is None:
-            from microdreamer.texture import TextureConfig
-
-            self.texture = TextureConfig()
+            self.texture = generate_texture_config()
         if self.image.size != self.sir.image_size:
             raise InputError(
                 f"image.size ({self.image.size}) differs from sir.image_size ({self.sir.image_size}); set both to one size"
@@ -148,6 +181,47 @@ def save_grid(images: torch.Tensor, path: str | os.PathLike, columns: int = 4) -
     return path
 
 
+def _preload(names: tuple[str, ...] = PRELOAD_MODULES) -> threading.Thread | None:
+    """Import ``names`` (those not imported yet, and installed) in a daemon thread; None if none."""
+    todo = [n for n in names if n not in sys.modules]
+    if not todo:
+        return None
+
+    def run() -> None:
+        for name in todo:
+            try:
+                importlib.import_module(name)
+            except Exception as e:  # a missing optional module fails later, where it is needed
+                logger.debug("preload of %s failed: %r", name, e)
+
+    thread = threading.Thread(target=run, name="microdreamer-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+class _Background:
+    """Runs one function in a thread; :meth:`result` joins it and re-raises its exception."""
+
+    def __init__(self, fn: Callable[[], Any], name: str) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn()
+            except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def generate(
     image_path: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -191,6 +265,7 @@ def generate(
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     timer = StageTimer()
+    _preload()  # not joined: it only helps when it finishes in the shadow of the GPU work
 
     with timer.stage("prepare"):
         prepared = prepare_image(image_path, config.image)
@@ -204,21 +279,34 @@ def generate(
     splat = result.splat
     if len(splat) == 0:
         raise InputError(f"{image_path}: every Gaussian was pruned; nothing to export (try another --seed)")
-    with timer.stage("export_splat"):
-        splat_path = write_ply(splat, out / "splat.ply")
+    with timer.stage("views"):  # the GPU part; the PNG and the PLY are written in the background
+        views = render_turntable(splat, config.elevation_deg, config.views_size, radius=config.sir.radius,
+                                 fovy_deg=config.sir.fovy_deg, backend=config.sir.train.backend)  # fmt: skip
+        splat_cpu = splat.detach().to("cpu")
+    background_seconds: dict[str, float] = {}
+
+    def write_splat_and_views() -> tuple[Path, Path]:
+        t0 = time.perf_counter()
+        splat_file = write_ply(splat_cpu, out / "splat.ply")
+        t1 = time.perf_counter()
+        views_file = save_grid(views, out / "views.png")
+        background_seconds.update(export_splat=t1 - t0, views_png=time.perf_counter() - t1)
+        return splat_file, views_file
+
+    writer = _Background(write_splat_and_views, "microdreamer-write")
     conv = splat_to_mesh(splat, config.field, config.mesh, device, timer=timer, name=str(image_path))
     mesh = conv.mesh
+    texture_stats: dict = {}
     if config.texture.mode != "none":
         from microdreamer.texture import texture_mesh
 
         with timer.stage("texture"):
-            mesh = texture_mesh(mesh, splat, config.texture, device=device).mesh
+            textured = texture_mesh(mesh, splat, config.texture, device=device)
+            mesh, texture_stats = textured.mesh, textured.stats
     with timer.stage("export_mesh"):
         mesh_path = save_mesh(mesh, out / "mesh.glb")
-    with timer.stage("views"):
-        views = render_turntable(splat, config.elevation_deg, config.views_size, radius=config.sir.radius,
-                                 fovy_deg=config.sir.fovy_deg, backend=config.sir.train.backend)  # fmt: skip
-        views_path = save_grid(views, out / "views.png")
+    with timer.stage("join_writes"):  # waiting for the background writes, if they are still running
+        splat_path, views_path = writer.result()
     wall = time.perf_counter() - start
 
     seconds = dict(timer.seconds)
@@ -245,6 +333,12 @@ def generate(
         "mesh_vertices": int(mesh.num_vertices),
         "mesh_faces": int(mesh.num_faces),
         "prior_stats": result.prior_stats,
+        "background_seconds": background_seconds,
+        "texture": {
+            k: v
+            for k, v in texture_stats.items()
+            if k in ("mode", "size", "faces_in", "faces", "charts", "seconds")
+        },
         "loss_history": [h["loss"] for h in result.history],
     }
     timings_path = out / "timings.json"

@@ -7,6 +7,7 @@ Gaussians, new Gaussians start with zero moments, pruned ones drop theirs. Same 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -50,15 +51,20 @@ class DensifyStats:
             radii: [C, N, 2] int 2D radii (0 = not drawn).
             width, height: image size (the gradient is scaled to NDC units: x by W/2, y by H/2).
         """
-        scale = torch.tensor(
-            [0.5 * width, 0.5 * height], device=means2d_grad.device, dtype=means2d_grad.dtype
-        )
+        scale = _ndc_scale(width, height, means2d_grad.device, means2d_grad.dtype)
         norm = (means2d_grad * scale).norm(dim=-1)  # [C, N]
         vis = (radii > 0).all(-1)
         self.grad_sum += (norm * vis).sum(0).to(self.grad_sum.dtype)
         self.count += vis.sum(0).to(self.count.dtype)
         r = (radii.max(-1).values * vis).amax(0).to(self.max_radius.dtype)
         self.max_radius = torch.maximum(self.max_radius, r)
+
+
+@functools.lru_cache(maxsize=16)
+def _ndc_scale(width: int, height: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[2] (W/2, H/2) on ``device``, made once per size: building it every step would be a blocking
+    host-to-device copy (a stream synchronisation) per training step."""
+    return torch.tensor([0.5 * width, 0.5 * height], dtype=dtype).to(device)
 
 
 def _replace_rows(
