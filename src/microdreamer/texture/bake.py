@@ -91,7 +91,9 @@ class BakeConfig:
         cull_backfaces: skip back faces when rasterising for visibility (faster; exact for closed,
             consistently wound meshes such as the mesh stage makes; set False for open meshes).
         view_batch: views rendered and rasterised at once (memory: about 60 bytes per pixel of a
-            batch for the rasteriser plus the renderer's own).
+            batch for the rasteriser plus the renderer's own); None = all views at once on a GPU
+            (the rasteriser is bound by per-call overhead there: H200, 26 views of 512^2, 50k faces:
+            0.05 s in one batch, 0.34 s in batches of 4; peak 4.1 GB) and 4 on the CPU.
         backend: Gaussian renderer backend, ``"auto" | "torch" | "gsplat"``.
     """
 
@@ -101,7 +103,7 @@ class BakeConfig:
     min_alpha: float = 0.5
     depth_eps: float = 2e-3
     cull_backfaces: bool = True
-    view_batch: int = 4
+    view_batch: int | None = None
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -113,7 +115,7 @@ class BakeConfig:
             raise ValueError(f"cos_power = {self.cos_power} must be >= 0")
         if not 0.0 <= self.min_alpha <= 1.0:
             raise ValueError(f"min_alpha = {self.min_alpha} is out of range; use a value in [0, 1]")
-        if self.view_batch < 1:
+        if self.view_batch is not None and self.view_batch < 1:
             raise ValueError(f"view_batch = {self.view_batch} must be >= 1")
 
 
@@ -221,8 +223,9 @@ def bake_views(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(cameras), desc="bake", unit="view", leave=False)
-    for b in range(0, len(cameras), config.view_batch):
-        cams = cameras[b : b + config.view_batch]
+    batch = config.view_batch or (max(1, len(cameras)) if device.type == "cuda" else 4)
+    for b in range(0, len(cameras), batch):
+        cams = cameras[b : b + batch]
         start = time.perf_counter()
         rgb, alpha = render_fn(cams)
         rgb, alpha = rgb.to(device), alpha.to(device)
