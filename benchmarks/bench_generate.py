@@ -177,6 +177,10 @@ VARIANTS = {
     ),
     "texture_field": ("texture.mode = 'field'", lambda c: setattr(c.texture, "mode", "field")),
     "no_texture": ("texture.mode = 'none'", lambda c: setattr(c.texture, "mode", "none")),
+    "xatlas_it1": (
+        "texture.chart_iterations = 1 (xatlas's default chart refinement)",
+        lambda c: setattr(c.texture, "chart_iterations", 1),
+    ),
 }
 #: the prior settings that need a new prior (and new CUDA graphs) when they change
 PRIOR_KEYS = (

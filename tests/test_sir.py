@@ -232,4 +232,4 @@ def test_generate_texture_default_is_a_capped_512_bake():
     from microdreamer.generate import GenerateConfig
 
     tex = GenerateConfig().texture
-    assert (tex.mode, tex.size, tex.max_faces) == ("bake", 512, 10_000)
+    assert (tex.mode, tex.size, tex.max_faces, tex.chart_iterations) == ("bake", 512, 10_000, 0)

@@ -145,9 +145,10 @@ def coverage_counts(uv: np.ndarray, faces: np.ndarray, size: int, margin: float 
     return counts
 
 
-def test_unwrap_gives_uvs_in_the_unit_square_without_overlaps():
+@pytest.mark.parametrize("chart_iterations", [0, 1])
+def test_unwrap_gives_uvs_in_the_unit_square_without_overlaps(chart_iterations):
     mesh = sphere_mesh(2)
-    layout = unwrap(mesh, max_faces=None, texture_size=256)
+    layout = unwrap(mesh, max_faces=None, texture_size=256, chart_iterations=chart_iterations)
     out = layout.mesh
     assert out.num_faces == mesh.num_faces
     assert layout.uv.shape == (out.num_vertices, 2) and layout.uv.dtype == np.float32
@@ -406,6 +407,8 @@ def test_bake_config_rejects_bad_values():
         TextureConfig(mode="paint")
     with pytest.raises(InputError):
         TextureConfig(size=8)
+    with pytest.raises(InputError, match="chart_iterations"):
+        TextureConfig(chart_iterations=-1)
     assert BakeViewsConfig().num_views == 26
 
 

@@ -72,10 +72,12 @@ def generate_texture_config():
     10k faces. The cap bounds xatlas (single-threaded, superlinear in faces: 0.5 s at 5k, 1 s at
     10k, 4.7 s at 20k, 16 s at 50k faces of a smooth mesh on the 2-core dev CPU; on the H200 host,
     the random model's noise mesh: ~2 s at 10k, 19 s at 50k); 512^2 texels suit views made at
-    256^2 and keep the bake and the nearest-neighbour fill at a quarter of 1024^2's texels."""
+    256^2 and keep the bake and the nearest-neighbour fill at a quarter of 1024^2's texels.
+    xatlas runs without chart refinement (``chart_iterations=0``): on a noisy 10k-face mesh of this
+    dev CPU 0.44 s instead of 2.97 s, on a smooth one 0.61 s instead of 0.88 s, for ~20 % more charts."""
     from microdreamer.texture import TextureConfig
 
-    return TextureConfig(size=512, max_faces=10_000)
+    return TextureConfig(size=512, max_faces=10_000, chart_iterations=0)
 
 
 @dataclass

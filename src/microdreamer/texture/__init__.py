@@ -82,6 +82,9 @@ class TextureConfig:
         size: the texture is size x size texels.
         max_faces: face cap before unwrapping (decimation); None = no cap.
         padding: texels between charts in the atlas.
+        chart_iterations: xatlas's chart-growing iterations (``ChartOptions.max_iterations``): 1 (its
+            default) gives the fewest charts; 0 skips the refinement, ~1.4x faster on a smooth 10k-face
+            mesh and ~7x on a noisy one, for ~20 % more charts (more seams) at the same atlas use.
         bake: the back-projection bake (view set, thresholds, renderer backend).
         field_cutoff_tol: the field bake's cutoff (as ``FieldConfig.cutoff_tol``); the field's other
             normalisation settings are FieldConfig's defaults.
@@ -92,6 +95,7 @@ class TextureConfig:
     size: int = 1024
     max_faces: int | None = 50_000
     padding: int = 2
+    chart_iterations: int = 1
     bake: BakeConfig = field(default_factory=BakeConfig)
     field_cutoff_tol: float = 1e-4
     refine: RefineConfig = field(default_factory=RefineConfig)
@@ -105,6 +109,8 @@ class TextureConfig:
             raise InputError(f"texture max_faces = {self.max_faces} is too small; use at least 4, or none")
         if self.padding < 0:
             raise InputError(f"texture padding = {self.padding} is negative; use 0 or more")
+        if self.chart_iterations < 0:
+            raise InputError(f"texture chart_iterations = {self.chart_iterations} is negative; use 0 or more")
 
 
 @dataclass
@@ -154,7 +160,7 @@ def texture_mesh(
     device = torch.device(device)
     seconds: dict[str, float] = {}
 
-    layout = unwrap(mesh, config.max_faces, config.size, config.padding)
+    layout = unwrap(mesh, config.max_faces, config.size, config.padding, config.chart_iterations)
     seconds["decimate"] = layout.stats["seconds"]["decimate"]
     seconds["unwrap"] = layout.stats["seconds"]["xatlas"]
     stats = {"mode": config.mode, "size": config.size}
