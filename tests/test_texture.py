@@ -282,14 +282,15 @@ def test_fill_texture_leaves_no_empty_texel(size):
         assert any((flat[k] == flat[j]).all() for j in nearest)
 
 
-def test_fill_texture_with_nothing_seen_uses_the_default_colour():
+@pytest.mark.parametrize("backend", ["scipy", "torch"])
+def test_fill_texture_with_nothing_seen_uses_the_default_colour(backend):
     samples = synthetic_samples(16, 16, seed=0)
     t = len(samples)
     texture, stats = fill_texture(
-        samples, torch.zeros(t, 3), torch.zeros(t, dtype=torch.bool), (0.2, 0.4, 0.6)
+        samples, torch.zeros(t, 3), torch.zeros(t, dtype=torch.bool), (0.2, 0.4, 0.6), backend=backend
     )
     assert (texture == np.round(np.array([0.2, 0.4, 0.6]) * 255).astype(np.uint8)).all()
-    assert stats["texels_seen"] == 0
+    assert stats == {"texels_covered": t, "texels_seen": 0, "texels_filled_3d": t, "texels_dilated": 256 - t}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -138,12 +138,9 @@ def fill_texture(
     index = samples.index.cpu().numpy()
     out = np.empty((len(samples), 3), np.float32)
     n_seen = int(seen_np.sum())
-    stats = {"texels_covered": len(samples), "texels_seen": n_seen}
     if n_seen == 0:
-        texture = np.empty((h, w, 3), np.float32)
-        texture[:] = default
-        stats.update(texels_filled_3d=len(samples), texels_dilated=h * w - len(samples))
-        return _to_uint8(texture), stats
+        return _default_texture(samples, default)
+    stats = {"texels_covered": len(samples), "texels_seen": n_seen}
     out[seen_np] = colors[seen_np]
     unseen = ~seen_np
     if unseen.any():
@@ -166,6 +163,16 @@ def fill_texture(
     return _to_uint8(texture), stats
 
 
+def _default_texture(samples: TexelSamples, default: tuple[float, ...]) -> tuple[np.ndarray, dict]:
+    """:func:`fill_texture` when no texel was seen: every texel ``default``."""
+    h, w = samples.height, samples.width
+    texture = np.empty((h, w, 3), np.float32)
+    texture[:] = default
+    stats = {"texels_covered": len(samples), "texels_seen": 0, "texels_filled_3d": len(samples),
+             "texels_dilated": h * w - len(samples)}  # fmt: skip
+    return _to_uint8(texture), stats
+
+
 def _fill_texture_torch(
     samples: TexelSamples, colors: torch.Tensor, seen: torch.Tensor, default: tuple[float, ...]
 ) -> tuple[np.ndarray, dict]:
@@ -175,12 +182,9 @@ def _fill_texture_torch(
     colors = colors.detach().float().to(device)
     seen = seen.detach().to(device=device, dtype=torch.bool)
     n_seen = int(seen.sum())
-    stats = {"texels_covered": len(samples), "texels_seen": n_seen}
     if n_seen == 0:
-        texture = np.empty((h, w, 3), np.float32)
-        texture[:] = default
-        stats.update(texels_filled_3d=len(samples), texels_dilated=h * w - len(samples))
-        return _to_uint8(texture), stats
+        return _default_texture(samples, default)
+    stats = {"texels_covered": len(samples), "texels_seen": n_seen}
     out = colors.clone()
     n_unseen = len(samples) - n_seen
     if n_unseen > 0:
