@@ -258,7 +258,6 @@ def bench_quality(args) -> dict:
         unwrap,
     )
     from microdreamer.texture.bake import centred_orbit_cameras, framing
-    from microdreamer.turntable import renderable_mesh
 
     spot = SAMPLES / "meshes" / "spot"
     if not (spot / "spot_triangulated.obj").exists():
@@ -292,7 +291,7 @@ def bench_quality(args) -> dict:
     )
     texture, fill = fill_texture(samples, colors, seen)
     baked = layout.with_texture(texture)
-    pred = render_mesh(renderable_mesh(baked), held, ssaa=2)
+    pred = render_mesh(baked, held, ssaa=2)
     out["gt_renders"] = {
         "seconds": time.perf_counter() - start,
         **fill,
@@ -306,7 +305,7 @@ def bench_quality(args) -> dict:
     start = time.perf_counter()
     tconf = TextureConfig(size=args.size, bake=BakeConfig(views=views))
     textured = texture_mesh(result.mesh, splat, tconf, device=device, progress=True)
-    pred = render_mesh(renderable_mesh(textured.mesh), held.to(device), ssaa=2)
+    pred = render_mesh(textured.mesh, held.to(device), ssaa=2)
     with torch.no_grad():
         splat_img = render(
             splat.to(device), held.to(device), background=(1.0, 1.0, 1.0), backend=args.backend
@@ -376,7 +375,6 @@ def bench_quality_reconstruction(args) -> dict:
     from microdreamer.render.mesh import render_mesh
     from microdreamer.splat import read_ply
     from microdreamer.texture import BakeConfig, BakeViewsConfig, TextureConfig, texture_mesh
-    from microdreamer.turntable import renderable_mesh
 
     device = torch.device(args.device)
     spot = SAMPLES / "meshes" / "spot"
@@ -421,7 +419,7 @@ def bench_quality_reconstruction(args) -> dict:
         textured = texture_mesh(meshes[iso], splat, tconf, device=device)
         _sync(device)
         t_texture = time.perf_counter() - start
-        pred = render_mesh(renderable_mesh(textured.mesh), held, background=white, ssaa=2)
+        pred = render_mesh(textured.mesh, held, background=white, ssaa=2)
         mesh_alpha = render_mesh(meshes[iso], held, background=white, ssaa=2).alpha
         run = {
             "variant": text or "default",

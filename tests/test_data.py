@@ -16,7 +16,8 @@ import torch
 from microdreamer.cameras import orbit_cameras
 from microdreamer.data import Normalization, load_dataset, render_views, save_dataset, view_angles
 from microdreamer.errors import InputError
-from microdreamer.mesh_io import TexturedMesh, load_textured_mesh
+from microdreamer.mesh import Mesh
+from microdreamer.mesh_io import load_textured_mesh
 from microdreamer.render.mesh import render_mesh
 
 SAMPLES = Path(__file__).parents[1] / ".." / "shared" / "samples"
@@ -268,7 +269,7 @@ def test_render_views_frame_and_normalisation(tmp_path):
     torch.testing.assert_close(centre_px[:, :2, 0] / centre_px[:, 2:, 0], torch.full((8, 2), 16.0))
     # the images are the normalised mesh seen by the stored cameras: re-rendering from the loaded
     # dataset's cameras reproduces the saved alpha (up to 8-bit quantisation)
-    again = render_mesh(TexturedMesh(v_ds, faces), ds.cameras, ssaa=2)
+    again = render_mesh(Mesh(v_ds, faces), ds.cameras, ssaa=2)
     assert (again.alpha[..., 0] - ds.images[..., 3]).abs().max() <= 0.5 / 255 + 1e-6
     # straight colour where covered: the vertex colour (200, 40, 90)
     covered = ds.images[..., 3] > 0
@@ -335,7 +336,7 @@ def test_spot_corners_keep_their_uvs():
     assert mesh.num_faces == len(fv) and mesh.num_vertices >= len(vt)
     np.testing.assert_allclose(mesh.vertices[mesh.faces], v[fv], atol=1e-6)
     np.testing.assert_allclose(mesh.uv[mesh.faces], vt[ft], atol=1e-6)
-    assert mesh.texture.shape == (1024, 1024, 3) and mesh.texture.dtype == np.float32
+    assert mesh.texture.shape == (1024, 1024, 3) and mesh.texture.dtype == np.uint8
 
 
 _QUAD_V = [[-0.5, -0.5, 0.0], [0.5, -0.5, 0.0], [0.5, 0.5, 0.0], [-0.5, 0.5, 0.0]]
@@ -351,7 +352,7 @@ def _quadrant_texture() -> np.ndarray:
     return tex
 
 
-def _assert_quadrants(mesh: TexturedMesh) -> None:
+def _assert_quadrants(mesh: Mesh) -> None:
     """Seen from +z with y up, the quad's top-left is the texture's top-left (red), etc."""
     cam = orbit_cameras(0.0, 0.0, radius=2.0, fovy_deg=40.0, width=64, height=64)
     rgb = render_mesh(mesh, cam).rgb[0]
@@ -374,7 +375,7 @@ def test_obj_with_mtl_and_explicit_texture(tmp_path):
     flipped = _quadrant_texture()[::-1].copy()
     _write_png(tmp_path / "flipped.png", flipped)
     other = load_textured_mesh(tmp_path / "quad.obj", texture=tmp_path / "flipped.png")
-    np.testing.assert_allclose(other.texture, flipped / 255.0, atol=1e-7)
+    np.testing.assert_array_equal(other.texture, flipped)  # the PNG's own 8-bit values
 
 
 def _gltf_quad(path: Path, factor: list[float] | None = None) -> None:
@@ -429,8 +430,9 @@ def test_gltf_texcoords_are_flipped_to_obj_convention(tmp_path):
     # glTF's baseColorFactor multiplies the texture
     _gltf_quad(tmp_path / "tinted.gltf", factor=[0.5, 1.0, 0.25, 1.0])
     tinted = load_textured_mesh(tmp_path / "tinted.gltf")
-    # (trimesh keeps the factor as 8-bit values: within half a step)
-    np.testing.assert_allclose(tinted.texture, mesh.texture * [0.5, 1.0, 0.25], atol=0.5 / 255)
+    # trimesh keeps the factor as 8-bit values (within half a step) and the product is rounded to the
+    # uint8 texture (another half step): within one step of 8-bit
+    np.testing.assert_allclose(tinted.texture, mesh.texture * [0.5, 1.0, 0.25], atol=1.0)
 
 
 def test_glb_round_trip_and_spot_render_identically(tmp_path):

@@ -305,10 +305,10 @@ def test_sample_texture_matches_grid_sample(seed):
 
 
 def _quad_mesh(**extra):
-    from microdreamer.mesh_io import TexturedMesh
+    from microdreamer.mesh import Mesh
 
     v = [[-0.5, -0.5, 0.0], [0.5, -0.5, 0.0], [0.5, 0.5, 0.0], [-0.5, 0.5, 0.0]]
-    return TexturedMesh(v, [[0, 1, 2], [0, 2, 3]], **extra)
+    return Mesh(v, [[0, 1, 2], [0, 2, 3]], **extra)
 
 
 def test_texture_orientation_obj_convention():
@@ -320,7 +320,7 @@ def test_texture_orientation_obj_convention():
     tex[2:, :2] = torch.tensor([0, 0, 1.0])  # bottom-left blue
     tex[2:, 2:] = torch.tensor([1.0, 1.0, 1.0])  # bottom-right white
     uv = [[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]]
-    mesh = _quad_mesh(uv=uv, texture=tex.numpy())
+    mesh = _quad_mesh(uv=uv, texture=(tex * 255).round().to(torch.uint8).numpy())  # as a Mesh holds it
     cam = orbit_cameras(0.0, 0.0, radius=2.0, fovy_deg=40.0, width=64, height=64)
     out = render_mesh(mesh, cam, background=(0.5, 0.5, 0.5))
     # quad spans about 0.5 / (2 tan 20deg) * 64 = 44 px around the centre; sample well inside quadrants
@@ -336,9 +336,9 @@ def test_vertex_colors_background_and_normals():
     import trimesh
 
     s = trimesh.creation.icosphere(subdivisions=3, radius=0.5)
-    from microdreamer.mesh_io import TexturedMesh
+    from microdreamer.mesh import Mesh
 
-    mesh = TexturedMesh(s.vertices, s.faces, vertex_colors=[[0.2, 0.4, 0.6]] * len(s.vertices))
+    mesh = Mesh(s.vertices, s.faces, vertex_colors=[[0.2, 0.4, 0.6]] * len(s.vertices))
     cams = _random_cameras(5, 2, width=48, height=48, radius=2.0)
     out = render_mesh(mesh, cams, background=(1.0, 0.0, 1.0))
     inside = out.alpha[..., 0] == 1
@@ -366,9 +366,9 @@ def test_supersampling_gives_fractional_edge_coverage():
         return [(u - W / 2) * z / fpx, (v - H / 2) * z / fpx, z]
 
     verts = [world(4.5, -5), world(20, -5), world(20, 20), world(4.5, 20)]
-    from microdreamer.mesh_io import TexturedMesh
+    from microdreamer.mesh import Mesh
 
-    mesh = TexturedMesh(verts, [[0, 1, 2], [0, 2, 3]], vertex_colors=[[1.0, 1.0, 1.0]] * 4)
+    mesh = Mesh(verts, [[0, 1, 2], [0, 2, 3]], vertex_colors=[[1.0, 1.0, 1.0]] * 4)
     out = render_mesh(mesh, cam, background=(0.0, 0.0, 0.0), ssaa=2)
     expect = torch.tensor([0, 0, 0, 0, 0.5, 1, 1, 1, 1, 1]).expand(H, W)
     torch.testing.assert_close(out.alpha[0, ..., 0], expect, rtol=0, atol=0)
@@ -389,9 +389,9 @@ def test_texture_gradient_is_bilinear_weight_sum():
 
 
 def test_empty_mesh_renders_background():
-    from microdreamer.mesh_io import TexturedMesh
+    from microdreamer.mesh import Mesh
 
-    mesh = TexturedMesh(torch.zeros(0, 3).numpy(), torch.zeros(0, 3, dtype=torch.int64).numpy())
+    mesh = Mesh(torch.zeros(0, 3).numpy(), torch.zeros(0, 3, dtype=torch.int64).numpy())
     cams = _random_cameras(0, 2, 8, 8)
     out = render_mesh(mesh, cams, background=(0.1, 0.2, 0.3))
     torch.testing.assert_close(out.rgb, torch.tensor([0.1, 0.2, 0.3]).expand(2, 8, 8, 3))
@@ -435,7 +435,7 @@ def _uv_sphere(n_lat: int, n_lon: int, radius: float) -> tuple[torch.Tensor, tor
 def test_cuda_matches_cpu():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from microdreamer.mesh_io import TexturedMesh
+    from microdreamer.mesh import Mesh
 
     v, f = _uv_sphere(40, 80, 0.5)  # 6.3k faces
     v2, f2 = _uv_sphere(6, 12, 0.3)  # a second, intersecting sphere
@@ -451,7 +451,7 @@ def test_cuda_matches_cpu():
     assert hit.float().mean() > 0.2
     torch.testing.assert_close(gpu.bary.cpu()[hit], cpu.bary[hit], rtol=0, atol=1e-4)
     torch.testing.assert_close(gpu.depth.cpu()[hit], cpu.depth[hit], rtol=1e-5, atol=0)
-    mesh = TexturedMesh(v.numpy(), f.numpy(), vertex_colors=(v * 0.5 + 0.5).clamp(0, 1).numpy())
+    mesh = Mesh(v.numpy(), f.numpy(), vertex_colors=(v * 0.5 + 0.5).clamp(0, 1).numpy())
     a = render_mesh(mesh, cams, ssaa=2)
     b = render_mesh(mesh, cams.to("cuda"), ssaa=2)
     # a flipped edge sub-sample changes a pixel by at most 1/4 of a colour difference

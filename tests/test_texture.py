@@ -13,7 +13,6 @@ from microdreamer.cameras import orbit_cameras
 from microdreamer.errors import InputError
 from microdreamer.field import FieldConfig
 from microdreamer.mesh import Mesh
-from microdreamer.mesh_io import TexturedMesh
 from microdreamer.splat import Splat
 from microdreamer.texture import (
     BakeConfig,
@@ -58,10 +57,10 @@ def position_color(points) -> np.ndarray:
     return np.stack([r, g, b], -1)
 
 
-def colored_sphere(subdivisions: int = 3) -> TexturedMesh:
+def colored_sphere(subdivisions: int = 3) -> Mesh:
     """The ground-truth object: a sphere whose vertex colours are :func:`position_color`."""
     m = sphere_mesh(subdivisions)
-    return TexturedMesh(m.vertices, m.faces, vertex_colors=position_color(m.vertices))
+    return Mesh(m.vertices, m.faces, vertex_colors=position_color(m.vertices))
 
 
 def surface_splat(n: int = 3000, radius: float = 0.5, scale: float = 0.025, seed: int = 0) -> Splat:
@@ -366,10 +365,9 @@ def test_bake_reproduces_a_textured_object_from_its_renders():
 
     held = heldout_cameras(center, radius, 96, n=4)
     from microdreamer.render.mesh import render_mesh
-    from microdreamer.turntable import renderable_mesh
 
     want = render_mesh(gt, held)
-    got = render_mesh(renderable_mesh(baked), held)
+    got = render_mesh(baked, held)
     # measured 61.5 dB (8-bit rounding of the texture alone allows about 59 dB): the floor leaves
     # room for resampling differences, and fails on any misplaced or blurred colour
     assert masked_psnr(got.rgb, want.rgb, want.alpha) > 45.0
@@ -379,7 +377,7 @@ def test_bake_puts_each_side_of_an_asymmetric_object_on_the_right_side():
     from test_mesh import SIDE_COLORS, side_of_vertices, textured_cube
 
     cube = textured_cube()
-    gt = TexturedMesh(cube.vertices, cube.faces, cube.uv, cube.texture_float())
+    gt = cube
     layout = unwrap(Mesh(cube.vertices, cube.faces), max_faces=None, texture_size=128)
     verts, faces, uv = as_tensors(layout.mesh, layout.uv)
     samples = texel_samples(verts, faces, uv, 128, 128)
@@ -479,11 +477,10 @@ def test_refine_moves_the_texture_towards_the_targets():
     assert stats["loss_last"] < 0.3 * stats["loss_first"]
     center, radius = framing(torch.from_numpy(gt.vertices))
     held = heldout_cameras(center, radius, 48, n=4)
-    from microdreamer.turntable import renderable_mesh
 
     want = render_mesh(gt, held)
-    before = masked_psnr(render_mesh(renderable_mesh(start), held).rgb, want.rgb, want.alpha)
-    after = masked_psnr(render_mesh(renderable_mesh(refined), held).rgb, want.rgb, want.alpha)
+    before = masked_psnr(render_mesh(start, held).rgb, want.rgb, want.alpha)
+    after = masked_psnr(render_mesh(refined, held).rgb, want.rgb, want.alpha)
     assert after > before + 5.0
     np.testing.assert_array_equal(refined.uv, start.uv)
     with pytest.raises(ValueError, match="textured"):

@@ -1,7 +1,8 @@
 """Loading meshes to render them: OBJ (+MTL or a texture given explicitly), GLB/glTF, PLY (and OFF, STL).
 
-:func:`load_textured_mesh` returns a :class:`TexturedMesh`: one indexed triangle mesh with at most one
-texture (or vertex colours), ready for :func:`microdreamer.render.mesh.render_mesh`.
+:func:`load_textured_mesh` returns a :class:`microdreamer.mesh.Mesh`: one indexed triangle mesh with at
+most one texture (uint8, as the mesh stage's own meshes hold it) or vertex colours, ready for
+:func:`microdreamer.render.mesh.render_mesh`.
 
 UV convention (the OBJ one, which trimesh uses for every format): u to the right, v up; v = 0 is the
 bottom row of the texture image and v = 1 the top. glTF stores v downward; trimesh flips it on load
@@ -13,72 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from microdreamer.errors import InputError
+from microdreamer.mesh import Mesh
 
 logger = logging.getLogger(__name__)
 
 MESH_SUFFIXES = (".obj", ".glb", ".gltf", ".ply", ".off", ".stl")
-
-
-@dataclass
-class TexturedMesh:
-    """A triangle mesh with an optional UV texture or vertex colours (NumPy arrays, CPU).
-
-    Attributes:
-        vertices: [V, 3] float32, the file's coordinates (scene transforms applied for glTF).
-        faces: [F, 3] int64 vertex indices.
-        uv: [V, 2] float32 texture coordinates (OBJ convention, see module docstring), or None.
-        texture: [Ht, Wt, 3] float32 RGB in [0, 1] (sRGB values as stored in the image; row 0 is
-            the top of the image), or None.
-        vertex_colors: [V, 3] float32 RGB in [0, 1], or None.
-    """
-
-    vertices: np.ndarray
-    faces: np.ndarray
-    uv: np.ndarray | None = None
-    texture: np.ndarray | None = None
-    vertex_colors: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        self.vertices = np.ascontiguousarray(np.asarray(self.vertices, dtype=np.float32).reshape(-1, 3))
-        self.faces = np.ascontiguousarray(np.asarray(self.faces, dtype=np.int64).reshape(-1, 3))
-        v = self.vertices.shape[0]
-        if self.faces.size and (self.faces.min() < 0 or self.faces.max() >= v):
-            raise ValueError(f"TexturedMesh.faces index range is outside [0, {v - 1}]")
-        if self.uv is not None:
-            self.uv = np.ascontiguousarray(np.asarray(self.uv, dtype=np.float32))
-            if self.uv.shape != (v, 2):
-                raise ValueError(f"TexturedMesh.uv has shape {self.uv.shape}, expected ({v}, 2)")
-        if self.texture is not None:
-            self.texture = np.ascontiguousarray(np.asarray(self.texture, dtype=np.float32))
-            if self.texture.ndim != 3 or self.texture.shape[2] != 3:
-                raise ValueError(f"TexturedMesh.texture has shape {self.texture.shape}, expected (Ht, Wt, 3)")
-        if self.vertex_colors is not None:
-            self.vertex_colors = np.ascontiguousarray(np.asarray(self.vertex_colors, dtype=np.float32))
-            if self.vertex_colors.shape != (v, 3):
-                raise ValueError(
-                    f"TexturedMesh.vertex_colors has shape {self.vertex_colors.shape}, expected ({v}, 3)"
-                )
-
-    @property
-    def num_vertices(self) -> int:
-        """V."""
-        return int(self.vertices.shape[0])
-
-    @property
-    def num_faces(self) -> int:
-        """F."""
-        return int(self.faces.shape[0])
-
-    def transformed(self, center: np.ndarray, scale: float) -> TexturedMesh:
-        """A copy with vertices mapped to ``(vertices - center) * scale`` (colours, UVs unchanged)."""
-        v = (self.vertices.astype(np.float64) - np.asarray(center, dtype=np.float64)) * float(scale)
-        return TexturedMesh(v, self.faces, self.uv, self.texture, self.vertex_colors)
 
 
 def load_texture_image(path: str | os.PathLike) -> np.ndarray:
@@ -145,7 +90,7 @@ def _face_colors(mesh) -> np.ndarray | None:
     return None
 
 
-def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | None = None) -> TexturedMesh:
+def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | None = None) -> Mesh:
     """Load a mesh file for rendering.
 
     Args:
@@ -157,7 +102,8 @@ def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | Non
             the mesh must have UV coordinates.
 
     Returns:
-        :class:`TexturedMesh`. Face colours become vertex colours on unshared vertices.
+        :class:`~microdreamer.mesh.Mesh` (texture as uint8, rounded after the base-colour factor). Face
+        colours become vertex colours on unshared vertices.
 
     Raises:
         InputError: the file is missing, unreadable, has no faces, or ``texture`` is given for a mesh
@@ -201,7 +147,7 @@ def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | Non
         vertices = vertices[faces].reshape(-1, 3)
         colors = np.repeat(face_colors, 3, axis=0)
         faces = np.arange(len(vertices)).reshape(-1, 3)
-        return TexturedMesh(vertices, faces, vertex_colors=colors)
+        return Mesh(vertices, faces, vertex_colors=colors)
     uv, tex, colors = _visual_of(mesh)
     if tex_image is not None:
         if uv is None:
@@ -220,7 +166,14 @@ def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | Non
         len(faces),
         "texture" if tex is not None else "vertex colours" if colors is not None else "no colours",
     )
-    return TexturedMesh(vertices, faces, uv, tex, colors)
+    if tex is None:
+        return Mesh(vertices, faces, colors)
+    return Mesh(vertices, faces, colors, uv, _to_uint8(tex))
+
+
+def _to_uint8(rgb: np.ndarray) -> np.ndarray:
+    """[Ht, Wt, 3] float in [0, 1] -> uint8 (rounded)."""
+    return np.round(np.clip(rgb, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
 def _concatenate(geometries, path: Path):

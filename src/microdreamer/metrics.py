@@ -6,7 +6,7 @@ views) and return one value per image, shape ``[...]``.
 Mesh metrics compare two surfaces through points sampled uniformly (area-weighted) on each, and
 nearest-neighbour distances between the two point sets (``scipy.spatial.cKDTree``). A "mesh" is
 anything with ``vertices`` [V, 3] and ``faces`` [F, 3] attributes (``microdreamer.mesh.Mesh``,
-``microdreamer.mesh_io.TexturedMesh``, ``trimesh.Trimesh``) or a ``(vertices, faces)`` pair, as NumPy
+``trimesh.Trimesh``) or a ``(vertices, faces)`` pair, as NumPy
 arrays or tensors. The definitions:
 
 * ``d(p, B)``: Euclidean distance from a point ``p`` sampled on A to the nearest point sampled on B.

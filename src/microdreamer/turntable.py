@@ -11,7 +11,7 @@ object's bounding-box centre, framed so its bounding sphere fills the view) and 
 
 The file is written to a temporary name and renamed when complete. :func:`load_renderable` opens
 what ``microdreamer render`` is given: a 3DGS PLY as a :class:`~microdreamer.splat.Splat`, anything
-else (OBJ, GLB, a mesh PLY) as a :class:`~microdreamer.mesh_io.TexturedMesh`.
+else (OBJ, GLB, a mesh PLY) as a :class:`~microdreamer.mesh.Mesh`.
 """
 
 from __future__ import annotations
@@ -63,19 +63,6 @@ def load_renderable(path: str | os.PathLike):
     return load_textured_mesh(path)
 
 
-def renderable_mesh(mesh):
-    """A :class:`~microdreamer.mesh.Mesh` (uint8 texture) or TexturedMesh -> a TexturedMesh (float texture
-    in [0, 1]), what :func:`microdreamer.render.mesh.render_mesh` samples: pass a textured Mesh through
-    this before rendering it (the renderer would read its uint8 texels as values up to 255)."""
-    from microdreamer.mesh_io import TexturedMesh
-
-    if isinstance(mesh, TexturedMesh):
-        return mesh
-    texture = mesh.texture_float() if hasattr(mesh, "texture_float") else getattr(mesh, "texture", None)
-    uv = getattr(mesh, "uv", None) if texture is not None else None
-    return TexturedMesh(mesh.vertices, mesh.faces, uv, texture, getattr(mesh, "vertex_colors", None))
-
-
 def _splat_framing(splat) -> tuple[torch.Tensor, float]:
     """Centre and radius of a splat: robust to floaters (0.5% / 99.5% quantiles of the visible centres)."""
     with torch.no_grad():
@@ -110,8 +97,7 @@ def turntable_frames(
     """Render ``source`` from each azimuth; yields [H, W, 3] uint8 frames (H = W = size).
 
     Args:
-        source: a :class:`~microdreamer.splat.Splat`, a :class:`~microdreamer.mesh.Mesh` or a
-            :class:`~microdreamer.mesh_io.TexturedMesh`.
+        source: a :class:`~microdreamer.splat.Splat` or a :class:`~microdreamer.mesh.Mesh`.
         azimuths_deg: one frame per azimuth (0 = from +z).
         elevation_deg: MicroDreamer's sign (negative = above).
         fovy_deg, margin: framing (camera distance = margin * radius / sin(fovy / 2)).
@@ -130,7 +116,7 @@ def turntable_frames(
         center, radius = _splat_framing(splat)
         mesh = None
     else:
-        mesh = renderable_mesh(source)
+        mesh = source
         if mesh.num_faces == 0:
             raise InputError("the mesh to render has no faces; give a triangle mesh")
         center, radius = framing(torch.as_tensor(mesh.vertices))
@@ -192,7 +178,7 @@ def render_turntable(
     """Render a turntable of ``source`` to ``output`` (.mp4, .gif or .png contact sheet).
 
     Args:
-        source: a path (see :func:`load_renderable`), a Splat, a Mesh or a TexturedMesh.
+        source: a path (see :func:`load_renderable`), a Splat or a Mesh.
         output: the file to write; its suffix picks the format.
         frames: video frames over one full turn (azimuth 0 to 360 - 360 / frames).
         size: frame width and height in pixels.

@@ -104,6 +104,11 @@ class Mesh:
         uv = None if self.uv is None else self.uv[used]
         return Mesh(self.vertices[used], new_index[faces], colors, uv, self.texture)
 
+    def transformed(self, center: np.ndarray, scale: float) -> Mesh:
+        """A copy with vertices mapped to ``(vertices - center) * scale`` (colours, UVs, texture kept)."""
+        v = (self.vertices.astype(np.float64) - np.asarray(center, dtype=np.float64)) * float(scale)
+        return Mesh(v, self.faces, self.vertex_colors, self.uv, self.texture)
+
     def texture_float(self) -> np.ndarray | None:
         """[Ht, Wt, 3] float32 texture in [0, 1] (what the mesh renderer samples), or None."""
         return None if self.texture is None else self.texture.astype(np.float32) / 255.0

@@ -480,8 +480,9 @@ def shade(mesh: Any, fragments: Fragments, default_color: Sequence[float] = (0.7
 
     Args:
         mesh: an object with ``faces`` [F, 3] and optionally ``uv`` [V, 2] (OBJ convention, see
-            :func:`sample_texture`), ``texture`` [Ht, Wt, 3] float in [0, 1], ``vertex_colors``
-            [V, 3] float in [0, 1] (NumPy arrays or tensors).
+            :func:`sample_texture`), ``texture`` [Ht, Wt, 3] (uint8, read as value / 255, as a
+            :class:`microdreamer.mesh.Mesh` holds it; or float in [0, 1], e.g. a tensor being
+            optimised), ``vertex_colors`` [V, 3] float in [0, 1] (NumPy arrays or tensors).
         fragments: from :func:`rasterize` of this mesh.
 
     Returns:
@@ -490,7 +491,9 @@ def shade(mesh: Any, fragments: Fragments, default_color: Sequence[float] = (0.7
     dev = fragments.bary.device
     faces = _as_tensor(mesh.faces, dev, torch.int64)
     uv = _as_tensor(getattr(mesh, "uv", None), dev, torch.float32)
-    texture = _as_tensor(getattr(mesh, "texture", None), dev, torch.float32)
+    texture = _as_tensor(getattr(mesh, "texture", None), dev)
+    if texture is not None:
+        texture = texture.float() / 255.0 if texture.dtype == torch.uint8 else texture.float()
     colors = _as_tensor(getattr(mesh, "vertex_colors", None), dev, torch.float32)
     idx, fid = _covered(fragments)
     bary = fragments.bary.reshape(-1, 3)[idx]
@@ -518,8 +521,8 @@ def render_mesh(
 
     Args:
         mesh: ``vertices`` [V, 3], ``faces`` [F, 3] and optional ``uv``, ``texture``,
-            ``vertex_colors`` (see :func:`shade`): a :class:`microdreamer.mesh_io.TexturedMesh`, a
-            :class:`microdreamer.mesh.Mesh`, or anything alike; moved to the cameras' device.
+            ``vertex_colors`` (see :func:`shade`): a :class:`microdreamer.mesh.Mesh` or anything
+            alike; moved to the cameras' device.
         cameras: C cameras of H x W pixels.
         background: RGB in [0, 1], three values or [C, 3].
         ssaa: supersampling factor s: rasterise at (s H) x (s W) and average s x s blocks (colours
