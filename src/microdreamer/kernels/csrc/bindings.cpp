@@ -152,11 +152,9 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
 
   // per-tile list offsets
   at::Tensor tile_end = at::cumsum(counts, 0, at::kLong);
-  if (variant >= 2) {
-    // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
-    // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
-    const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
-    at::Tensor list = at::empty({capacity}, fopts.dtype(at::kInt));
+  // the binning (fill) and the tiled kernel's arguments for the tiles of z-slabs [z0, z1), whose list
+  // entries start at position `base` of `list` (all tiles at once: z0 = 0, z1 = ntz, base = 0)
+  auto fill_args = [&](const at::Tensor& list, int64_t z0, int64_t z1, int64_t base) {
     microdreamer::FillArgs f{};
     f.params = params.data_ptr<float>();
     f.n = n;
@@ -166,21 +164,22 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     f.ntx = static_cast<int>(ntx);
     f.nty = static_cast<int>(nty);
     f.ntz = static_cast<int>(ntz);
-    f.tz_begin = 0;
-    f.tz_end = static_cast<int>(ntz);
+    f.tz_begin = static_cast<int>(z0);
+    f.tz_end = static_cast<int>(z1);
     f.tile_cursor = counts.data_ptr<int>();
     f.tile_end = tile_end.data_ptr<int64_t>();
-    f.base = 0;
+    f.base = base;
     f.list = list.data_ptr<int>();
-    C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return f;
+  };
+  auto fast_args = [&](const at::Tensor& list, int64_t z0, int64_t base) {
     microdreamer::FastArgs a{};
     a.params = params.data_ptr<float>();
     a.precise = precise.data_ptr<double>();
     a.list = list.data_ptr<int>();
     a.tile_end = tile_end.data_ptr<int64_t>();
-    a.base = 0;
-    a.tile0 = 0;
+    a.base = base;
+    a.tile0 = static_cast<int>(z0 * nty * ntx);
     a.ntx = static_cast<int>(ntx);
     a.nty = static_cast<int>(nty);
     a.ntz = static_cast<int>(ntz);
@@ -190,6 +189,17 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     a.cutoff_sq_d = cutoff_sq;
     a.out = out.data_ptr<float>();
     a.out_aligned = reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+    return a;
+  };
+  if (variant >= 2) {
+    // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
+    // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
+    const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
+    at::Tensor list = at::empty({capacity}, fopts.dtype(at::kInt));
+    const microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
+    C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const microdreamer::FastArgs a = fast_args(list, 0, 0);
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
                                                 n, variant == 3, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -212,41 +222,12 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   at::Tensor list = at::empty({std::max<int64_t>(largest, 1)}, fopts.dtype(at::kInt));
   for (const auto& [z0, z1] : slabs) {
     const int64_t base = z0 == 0 ? 0 : se[z0 - 1];
-    microdreamer::FillArgs f{};
-    f.params = params.data_ptr<float>();
-    f.n = n;
-    f.tile_x = 16;
-    f.tile_y = 16;
-    f.tile_z = static_cast<int>(tz);
-    f.ntx = static_cast<int>(ntx);
-    f.nty = static_cast<int>(nty);
-    f.ntz = static_cast<int>(ntz);
-    f.tz_begin = static_cast<int>(z0);
-    f.tz_end = static_cast<int>(z1);
-    f.tile_cursor = counts.data_ptr<int>();
-    f.tile_end = tile_end.data_ptr<int64_t>();
-    f.base = base;
-    f.list = list.data_ptr<int>();
+    const microdreamer::FillArgs f = fill_args(list, z0, z1, base);
     if (se[z1 - 1] - base > 0) {
       C10_CUDA_CHECK(microdreamer::launch_fill(f, stream));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    microdreamer::FastArgs a{};
-    a.params = params.data_ptr<float>();
-    a.precise = precise.data_ptr<double>();
-    a.list = list.data_ptr<int>();
-    a.tile_end = tile_end.data_ptr<int64_t>();
-    a.base = base;
-    a.tile0 = static_cast<int>(z0 * nty * ntx);
-    a.ntx = static_cast<int>(ntx);
-    a.nty = static_cast<int>(nty);
-    a.ntz = static_cast<int>(ntz);
-    a.resolution = static_cast<int>(r);
-    a.axis = axis.data_ptr<float>();
-    a.cutoff_sq = static_cast<float>(cutoff_sq);
-    a.cutoff_sq_d = cutoff_sq;
-    a.out = out.data_ptr<float>();
-    a.out_aligned = reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+    const microdreamer::FastArgs a = fast_args(list, z0, base);
     C10_CUDA_CHECK(microdreamer::launch_fast(a, exact, static_cast<int>(chunks),
                                              static_cast<int>((z1 - z0) * nty * ntx), stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
