@@ -1,10 +1,11 @@
-"""What every benchmark script records about the machine it ran on."""
+"""What the benchmark scripts share: the machine record, and timing of one call."""
 
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -54,3 +55,25 @@ def hardware(**extra) -> dict:
         pass
     info.update(extra)
     return info
+
+
+def time_ms(fn, warmup: int = 1, reps: int = 10) -> list[float]:
+    """Milliseconds of ``reps`` calls of ``fn()`` after ``warmup`` calls: CUDA events around each call
+    when CUDA is available (device work counted, the host waits for it), else the CPU wall clock."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    cuda = torch.cuda.is_available()
+    for _ in range(reps):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t))
+    return times

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import hardware  # benchmarks/ is on sys.path when run as a script
+from _common import hardware, time_ms  # benchmarks/ is on sys.path when run as a script
 from microdreamer.generate import GenerateConfig, generate
 
 
@@ -137,19 +137,7 @@ def time_prior_parts(prior, views: int, reps: int = 20) -> dict:
         "vae_encode_C": lambda: prior.encode(imgs),
         "vae_decode_C": lambda: prior.decode(lat),
     }
-    out = {}
-    for name, fn in parts.items():
-        fn()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        out[name] = statistics.median(times)
-    return out
+    return {name: statistics.median(time_ms(fn, warmup=1, reps=reps)) for name, fn in parts.items()}
 
 
 #: variant tokens -> (what they set, a function applying it to a GenerateConfig)

@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' input builders
 
-from _common import hardware  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from _common import hardware, time_ms  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from microdreamer.cameras import orbit_cameras  # noqa: E402
 from microdreamer.render import render  # noqa: E402
 from microdreamer.splat import Splat  # noqa: E402
@@ -42,22 +42,7 @@ SPOT = ROOT / ".." / "shared" / "samples" / "meshes" / "spot"
 
 def time_cuda(fn, warmup: int = 10, reps: int = 50) -> dict:
     """Median/p10/p90 milliseconds of ``fn()`` by CUDA events (CPU wall clock without CUDA)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    cuda = torch.cuda.is_available()
-    for _ in range(reps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t))
+    times = time_ms(fn, warmup, reps)
     times.sort()
     return {
         "median_ms": statistics.median(times),
