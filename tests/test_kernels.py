@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from conftest import FIELD_REL_TOL, assert_field_matches, rel_err
 from microdreamer.field import FieldConfig, density_field, prepare_gaussians
 from microdreamer.field.reference import density_field_reference
 from microdreamer.field.reference import gaussian_3d_coeff as coeff_reference
@@ -13,16 +14,7 @@ from microdreamer.field.torch_impl import density_field_torch
 from microdreamer.splat import read_ply
 from microdreamer.synthetic import make_random_splat, make_synthetic_object
 
-# float32 exponentials and sums against float64 (observed ~1e-7..1e-6); the bound for every
-# field implementation
-REL_TOL = 1e-5
-
 cuda = pytest.mark.cuda
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double().cpu(), ref.double().cpu()
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
 def poisoned(r: int) -> torch.Tensor:
@@ -42,13 +34,7 @@ def run_kernel(prepared, grid, cfg, impl, **kw) -> torch.Tensor:
 def check_against_reference(splat, cfg, impl, **kw) -> float:
     prepared, grid = prepare_gaussians(splat, cfg)
     ref = density_field_reference(prepared, grid, cfg)
-    out = run_kernel(prepared, grid, cfg, impl, **kw)
-    if ref.abs().max() == 0:
-        assert out.abs().max() == 0
-        return 0.0
-    err = rel_err(out, ref)
-    assert err <= REL_TOL, err
-    return err
+    return assert_field_matches(run_kernel(prepared, grid, cfg, impl, **kw), ref)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,11 +280,11 @@ def test_scatter_kernel_agrees_with_the_tiles(r):
     prepared, grid = prepare_gaussians(splat, cfg)
     tiled = run_kernel(prepared, grid, cfg, "fast", scatter_voxels=0)
     ref = density_field_torch(prepared.to("cuda"), grid, cfg)
-    assert rel_err(tiled, ref) <= REL_TOL
+    assert rel_err(tiled, ref) <= FIELD_REL_TOL
     for scatter in (64, 4096, EVERYTHING):
         for variant in (1, 2):
             out = run_kernel(prepared, grid, cfg, "fast", variant=variant, scatter_voxels=scatter)
-            assert rel_err(out, ref) <= REL_TOL
+            assert rel_err(out, ref) <= FIELD_REL_TOL
             assert rel_err(out, tiled) <= 2e-6  # rounding of two float32 paths (observed ~1e-7)
 
 
@@ -317,7 +303,10 @@ def test_density_field_dispatches_to_the_fast_kernel():
     fld = density_field(splat, FieldConfig(resolution=24), backend="auto")
     assert fld.backend == "cuda" and fld.values.is_cuda
     prepared, grid = prepare_gaussians(splat, FieldConfig(resolution=24))
-    assert rel_err(fld.values, density_field_reference(prepared, grid, FieldConfig(resolution=24))) <= REL_TOL
+    assert (
+        rel_err(fld.values, density_field_reference(prepared, grid, FieldConfig(resolution=24)))
+        <= FIELD_REL_TOL
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,12 +328,12 @@ def test_large_against_torch_path(r, scale):
                 out = run_kernel(
                     prepared, grid, cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter
                 )
-                assert rel_err(out, ref) <= REL_TOL
+                assert rel_err(out, ref) <= FIELD_REL_TOL
     out = run_kernel(prepared, grid, cfg, "fast", scatter_voxels=EVERYTHING)
-    assert rel_err(out, ref) <= REL_TOL
+    assert rel_err(out, ref) <= FIELD_REL_TOL
     if r == 128:
         out = run_kernel(prepared, grid, cfg, "naive")
-        assert rel_err(out, ref) <= REL_TOL
+        assert rel_err(out, ref) <= FIELD_REL_TOL
 
 
 @cuda
@@ -356,7 +345,7 @@ def test_upstream_gpu_equals_cpu(r, n):
     cpu = density_field_torch(prepared, grid, cfg)  # the CPU path
     for impl, _, _, kw in _variants("upstream"):
         out = run_kernel(prepared, grid, cfg, impl, **kw)
-        assert rel_err(out, cpu) <= REL_TOL
+        assert rel_err(out, cpu) <= FIELD_REL_TOL
 
 
 def _sample_splat(name: str):
@@ -377,4 +366,4 @@ def test_real_splats_against_torch_path(mode, name):
         if impl == "naive" and len(prepared) > 20_000:
             continue
         out = run_kernel(prepared, grid, cfg, impl, **kw)
-        assert rel_err(out, ref) <= REL_TOL
+        assert rel_err(out, ref) <= FIELD_REL_TOL
