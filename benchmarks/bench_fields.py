@@ -217,9 +217,7 @@ def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,), scatter
                           "peak_MB": peak_mb(lambda s, c=chunks, v=variant, x=scatter: fast(s, c, v, x),
                                              sets[0])})  # fmt: skip
     rows.extend(fast_rows)
-    fast_out = outs[
-        combos[0] if (dflt := (default_chunks(cfg), variants[0], scatters[0])) not in outs else dflt
-    ]
+    fast_out = outs.get((default_chunks(cfg), variants[0], scatters[0]), outs[combos[0]])
     ref, ref_kind = None, None
     # the vectorised PyTorch path (on this GPU)
     if r == 128 and n_kept <= 60_000:

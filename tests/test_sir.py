@@ -216,18 +216,6 @@ def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
     assert res["mesh_faces"] > 0
 
 
-def test_background_writer_returns_its_value_and_reraises_its_error():
-    from microdreamer.generate import _Background
-
-    assert _Background(lambda: 7, "t").result() == 7
-
-    def fail():
-        raise OSError("disk full")
-
-    with pytest.raises(OSError, match="disk full"):
-        _Background(fail, "t").result()
-
-
 def test_generate_texture_default_is_a_capped_512_bake():
     from microdreamer.generate import GenerateConfig
 

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -201,29 +202,6 @@ def _preload(names: tuple[str, ...] = PRELOAD_MODULES) -> threading.Thread | Non
     return thread
 
 
-class _Background:
-    """Runs one function in a thread; :meth:`result` joins it and re-raises its exception."""
-
-    def __init__(self, fn: Callable[[], Any], name: str) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                self._value = fn()
-            except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
-                self._error = e
-
-        self._thread = threading.Thread(target=run, name=name, daemon=True)
-        self._thread.start()
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
 def generate(
     image_path: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -295,20 +273,23 @@ def generate(
         background_seconds.update(export_splat=t1 - t0, views_png=time.perf_counter() - t1)
         return splat_file, views_file
 
-    writer = _Background(write_splat_and_views, "microdreamer-write")
-    conv = splat_to_mesh(splat, config.field, config.mesh, device, timer=timer, name=str(image_path))
-    mesh = conv.mesh
-    texture_stats: dict = {}
-    if config.texture.mode != "none":
-        from microdreamer.texture import texture_mesh
+    # the splat and the views are written in the shadow of the mesh stage; leaving the block waits for
+    # them, also when the mesh stage fails
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="microdreamer-write") as pool:
+        writer = pool.submit(write_splat_and_views)
+        conv = splat_to_mesh(splat, config.field, config.mesh, device, timer=timer, name=str(image_path))
+        mesh = conv.mesh
+        texture_stats: dict = {}
+        if config.texture.mode != "none":
+            from microdreamer.texture import texture_mesh
 
-        with timer.stage("texture"):
-            textured = texture_mesh(mesh, splat, config.texture, device=device)
-            mesh, texture_stats = textured.mesh, textured.stats
-    with timer.stage("export_mesh"):
-        mesh_path = save_mesh(mesh, out / "mesh.glb")
-    with timer.stage("join_writes"):  # waiting for the background writes, if they are still running
-        splat_path, views_path = writer.result()
+            with timer.stage("texture"):
+                textured = texture_mesh(mesh, splat, config.texture, device=device)
+                mesh, texture_stats = textured.mesh, textured.stats
+        with timer.stage("export_mesh"):
+            mesh_path = save_mesh(mesh, out / "mesh.glb")
+        with timer.stage("join_writes"):  # waiting for the background writes, if they are still running
+            splat_path, views_path = writer.result()
     wall = time.perf_counter() - start
 
     seconds = dict(timer.seconds)
