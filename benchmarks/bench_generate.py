@@ -158,6 +158,14 @@ VARIANTS = {
         "prior.single_token_cross_attention = False (diffusers' SDPA cross-attention)",
         lambda c: setattr(c.prior, "single_token_cross_attention", False),
     ),
+    "no_fused_gn": (
+        "prior.fused_group_norm = False (PyTorch's GroupNorm)",
+        lambda c: setattr(c.prior, "fused_group_norm", False),
+    ),
+    "no_vae_channels_last": (
+        "prior.vae_channels_last = False",
+        lambda c: setattr(c.prior, "vae_channels_last", False),
+    ),
     "no_cuda_graphs": ("prior.cuda_graphs = False", lambda c: setattr(c.prior, "cuda_graphs", False)),
     "texture_1024_50k": (
         "texture.size = 1024, texture.max_faces = 50000 (TextureConfig's own defaults)",
@@ -177,6 +185,7 @@ PRIOR_KEYS = (
     "vae_channels_last",
     "cudnn_benchmark",
     "single_token_cross_attention",
+    "fused_group_norm",
 )
 
 

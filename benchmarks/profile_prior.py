@@ -209,6 +209,8 @@ def main() -> None:
     ap.add_argument("--views", type=int, default=6)
     ap.add_argument("--parts", default="kernels,graphs,train")
     ap.add_argument("--channels-last", type=int, default=1, help="UNet in NHWC (generate's default: 1)")
+    ap.add_argument("--vae-channels-last", type=int, default=None, help="VAE in NHWC (default: the config's)")
+    ap.add_argument("--fused-gn", type=int, default=None, help="Triton group norms (default: the config's)")
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode of the compile part")
     ap.add_argument("--json", default="benchmarks/results/profile_prior_h200.json")
     args = ap.parse_args()
@@ -228,6 +230,12 @@ def main() -> None:
 
         cfg = GenerateConfig()
         cfg.prior.channels_last = bool(args.channels_last)
+        if args.vae_channels_last is not None:
+            cfg.prior.vae_channels_last = bool(args.vae_channels_last)
+        if args.fused_gn is not None:
+            cfg.prior.fused_group_norm = bool(args.fused_gn)
+        report["prior_config"] = {k: getattr(cfg.prior, k) for k in ("channels_last", "vae_channels_last",
+                                  "fused_group_norm", "single_token_cross_attention")}  # fmt: skip
         t = time.perf_counter()
         prior = build_prior(cfg.prior, device, random_weights=args.random_weights)
         report["model_build_seconds"] = time.perf_counter() - t

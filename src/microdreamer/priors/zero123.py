@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,7 @@ import torch
 from microdreamer.errors import InputError
 from microdreamer.priors.base import OrbitViews, Prior, Reference
 from microdreamer.priors.ddim import DDIMConfig, DDIMRoundTrip
+from microdreamer.priors.group_norm import fuse_group_norms
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +61,8 @@ class Zero123Config:
             the unconditional prediction runs from t1 to t2 (MicroDreamer: 0.6).
         image_size: the side of the images the model sees (Zero123: 256); other sizes are resized.
         dtype: "auto" (float16 on CUDA, float32 on the CPU), "float16", "bfloat16" or "float32".
-        cuda_graphs: replay the UNet from CUDA graphs (one per batch size) instead of launching its
-            kernels one by one from Python; CUDA only.
+        cuda_graphs: replay the UNet (one graph per batch size) and the VAE's encoder and decoder
+            from CUDA graphs instead of launching their kernels one by one from Python; CUDA only.
         channels_last: keep the UNet's activations in NHWC (the tensor cores' layout); CUDA only.
             H200, fp16, CUDA graphs: guided call (batch 12) 13.2 -> 11.7 ms, unconditional (batch 6)
             9.8 -> 7.9 ms (benchmarks/results/generate_h200.json).
@@ -72,6 +74,11 @@ class Zero123Config:
             as that token's projected value (:class:`SingleTokenCrossAttention`; the same result up
             to rounding, without the per-position query/key/output projections and attention).
             H200: diffusion 4.73 -> 4.60 s per generation.
+        fused_group_norm: run the UNet's and the VAE's group norms (with the SiLU after them and the
+            ResNet blocks' time-embedding add) as Triton kernels on channels-last tensors
+            (:mod:`microdreamer.priors.group_norm`) instead of PyTorch's NCHW-only GroupNorm; CUDA
+            only, and only where the tensors are channels-last (``channels_last`` and
+            ``vae_channels_last``).
         hf_cache_dir: the Hugging Face cache to look repo ids up in (None: the default one).
         ddim: the DDIM schedule.
     """
@@ -88,6 +95,7 @@ class Zero123Config:
     vae_channels_last: bool = False
     cudnn_benchmark: bool = False
     single_token_cross_attention: bool = True
+    fused_group_norm: bool = True
     hf_cache_dir: str | None = None
     ddim: DDIMConfig = field(default_factory=DDIMConfig)
 
@@ -335,55 +343,81 @@ def camera_embedding(views: OrbitViews, reference: Reference, kind: str) -> torc
 
 
 # ----------------------------------------------------------------------------------------------- UNet
-class _UNetRunner:
-    """Calls the UNet, eagerly or by replaying one captured CUDA graph per input shape."""
+class _GraphedCall:
+    """``fn(*tensors) -> tensor``, run eagerly or replayed from one captured CUDA graph per input
+    signature (shapes, strides, dtypes); the output is a fresh tensor either way.
 
-    def __init__(self, unet: torch.nn.Module, use_graphs: bool) -> None:
-        self.unet = unet
+    Args:
+        fn: a function of tensors only, with no host synchronisation inside.
+        use_graphs: capture and replay on CUDA inputs (else always eager).
+        name: for the log.
+    """
+
+    def __init__(self, fn: Callable[..., torch.Tensor], use_graphs: bool, name: str) -> None:
+        self.fn = fn
         self.use_graphs = use_graphs
+        self.name = name
         self.graphs: dict[tuple, tuple] = {}
-        self.pool = None
-        self.calls = 0
-        self.samples = 0
+        self.pool = None  # one memory pool shared by this function's graphs (replayed one at a time)
 
-    def __call__(self, sample: torch.Tensor, t: int, context: torch.Tensor) -> torch.Tensor:
-        """eps [B, 4, h, w] (UNet dtype) for ``sample`` [B, 8, h, w], timestep t, ``context`` [B, 1, D]."""
-        self.calls += 1
-        self.samples += sample.shape[0]
-        if self.use_graphs and sample.is_cuda:
-            key = (tuple(sample.shape), tuple(context.shape), sample.dtype)
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        if self.use_graphs and args[0].is_cuda:
+            key = tuple((tuple(a.shape), a.stride(), a.dtype) for a in args)
             if key not in self.graphs:
                 try:
-                    self.graphs[key] = self._capture(sample, context)
+                    self.graphs[key] = self._capture(args)
                 except RuntimeError as e:  # a capture failure costs speed, not the result
-                    logger.warning("CUDA graph capture of the UNet failed (%s); running it eagerly", e)
+                    logger.warning(
+                        "CUDA graph capture of the %s failed (%s); running it eagerly", self.name, e
+                    )
                     self.use_graphs = False
             if key in self.graphs:
-                graph, s_in, s_t, s_ctx, s_out = self.graphs[key]
-                s_in.copy_(sample)
-                s_t.fill_(float(t))
-                s_ctx.copy_(context)
+                graph, static_in, static_out = self.graphs[key]
+                for s, a in zip(static_in, args, strict=True):
+                    s.copy_(a)
                 graph.replay()
-                return s_out.clone()
-        ts = torch.full((sample.shape[0],), float(t), device=sample.device)
-        return self.unet(sample, ts, encoder_hidden_states=context).sample
+                return static_out.clone()
+        return self.fn(*args)
 
-    def _capture(self, sample: torch.Tensor, context: torch.Tensor) -> tuple:
-        s_in, s_ctx = sample.clone(), context.clone()
-        s_t = torch.full((sample.shape[0],), 500.0, device=sample.device)
+    def _capture(self, args: tuple[torch.Tensor, ...]) -> tuple:
+        static_in = [a.clone() for a in args]  # clone keeps the memory format
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up (cuDNN / cuBLAS choices) outside the capture
+        with torch.cuda.stream(side):  # warm-up (cuDNN / cuBLAS / Triton choices) outside the capture
             for _ in range(2):
-                self.unet(s_in, s_t, encoder_hidden_states=s_ctx)
+                self.fn(*static_in)
         torch.cuda.current_stream().wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            s_out = self.unet(s_in, s_t, encoder_hidden_states=s_ctx).sample
-        logger.debug("captured a CUDA graph of the UNet for input %s", tuple(sample.shape))
-        return graph, s_in, s_t, s_ctx, s_out
+            static_out = self.fn(*static_in)
+        logger.debug(
+            "captured a CUDA graph of the %s for inputs %s", self.name, [tuple(a.shape) for a in args]
+        )
+        return graph, static_in, static_out
+
+
+class _UNetRunner:
+    """Calls the UNet (eagerly or from CUDA graphs, :class:`_GraphedCall`) and counts its calls."""
+
+    def __init__(self, unet: torch.nn.Module, use_graphs: bool) -> None:
+        self.call = _GraphedCall(
+            lambda x, ts, ctx: unet(x, ts, encoder_hidden_states=ctx).sample, use_graphs, "UNet"
+        )
+        self.calls = 0
+        self.samples = 0
+
+    @property
+    def graphs(self) -> dict:
+        return self.call.graphs
+
+    def __call__(self, sample: torch.Tensor, t: int, context: torch.Tensor) -> torch.Tensor:
+        """eps [B, 4, h, w] (UNet dtype) for ``sample`` [B, 8, h, w], timestep t, ``context`` [B, 1, D]."""
+        self.calls += 1
+        self.samples += sample.shape[0]
+        ts = torch.full((sample.shape[0],), float(t), device=sample.device)
+        return self.call(sample, ts, context)
 
 
 # ---------------------------------------------------------------------------------------------- prior
@@ -431,7 +465,13 @@ class Zero123Prior(Prior):
         self.nets.unet.to(memory_format=fmt(self.config.channels_last))
         self.nets.vae.to(memory_format=fmt(self.config.vae_channels_last))
         set_cross_attention(self.nets.unet, self.config.single_token_cross_attention)
-        self.unet = _UNetRunner(self.nets.unet, self.config.cuda_graphs and on_cuda)
+        for net in (self.nets.unet, self.nets.vae):
+            fuse_group_norms(net, self.config.fused_group_norm and on_cuda)
+        graphs = self.config.cuda_graphs and on_cuda
+        self.unet = _UNetRunner(self.nets.unet, graphs)
+        vae = self.nets.vae
+        self._vae_encode = _GraphedCall(lambda x: vae.encode(x).latent_dist.mode(), graphs, "VAE encoder")
+        self._vae_decode = _GraphedCall(lambda z: vae.decode(z).sample, graphs, "VAE decoder")
         self.clip_embedding: torch.Tensor | None = None  # [1, 1, D]
         self.reference_latent: torch.Tensor | None = None  # [1, 4, h, w]
         self.reference: Reference | None = None
@@ -503,13 +543,13 @@ class Zero123Prior(Prior):
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """[C, 3, S, S] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents (the posterior's mode)."""
         x = self._resize(images.to(self.device, torch.float32)).to(self.dtype) * 2 - 1
-        return self.nets.vae.encode(x).latent_dist.mode().float() * self.latent_scale
+        return self._vae_encode(x).float() * self.latent_scale
 
     @_with_cudnn_flags
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """[C, 4, h, w] scaled latents -> [C, 3, S, S] float32 images in [0, 1]."""
-        x = self.nets.vae.decode((latents / self.latent_scale).to(self.dtype)).sample.float()
+        x = self._vae_decode((latents / self.latent_scale).to(self.dtype)).float()
         bad = ~torch.isfinite(x)
         self._nonfinite = self._nonfinite + bad.sum()  # read (one sync) only by stats()
         return (torch.where(bad, torch.ones_like(x), x) / 2 + 0.5).clamp(0, 1)
