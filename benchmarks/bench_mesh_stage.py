@@ -1,0 +1,211 @@
+"""CPU time of generate's last stage after the density field: mesh extraction, unwrap, GLB export.
+
+    python benchmarks/bench_mesh_stage.py [--workloads noisy,ghost] [--repeats 7] [--device cpu]
+                                          [--json benchmarks/results/mesh_stage_cpu.json --label after]
+
+The steps and settings are generate's (``MeshConfig()``, ``generate_texture_config()``: 10k-face cap,
+512^2 atlas, padding 2, xatlas without chart refinement): ``extract_mesh`` (marching cubes + cleanup of
+the 128^3 field), ``unwrap`` (decimation to 10k faces + xatlas), and ``save_mesh`` of the textured mesh
+as GLB. The GPU steps between unwrap and export (texel sampling, bake renders, rasterisation) are not
+timed; the texture the export writes is baked once, untimed, from the splat's colour field
+(``bake_field``), so that the PNG holds realistic content.
+
+Workloads: ``noisy`` (``tests/test_mesh_stage_fast.py::noisy_splat``: 35k Gaussians like the
+random-weight model's output, ~155k marching-cubes faces in ~750 pieces) and ``ghost`` (the sample
+splat ``../shared/samples/splats/dg_ghost_amd_17k.ply``; skipped when absent). Each step runs once
+to warm up, then ``--repeats`` times; the table gives medians of wall-clock seconds (the sub-steps'
+seconds are the stage's own ``stats["seconds"]``).
+
+With ``--json FILE --label NAME`` the results are stored under ``runs[NAME]`` of FILE (other labels
+already there are kept, e.g. ``before`` and ``after``), with the command, the git commit and the
+hardware; the table then also shows the other labels' medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import hardware  # benchmarks/ is on sys.path when run as a script
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / ".." / "shared" / "samples"
+sys.path.insert(0, str(ROOT / "tests"))
+
+WORKLOADS = ("noisy", "ghost")
+#: rows of the table, in order: (key, what)
+STEPS = (
+    ("marching_cubes", "marching cubes"),
+    ("cleanup", "cleanup"),
+    ("extract_mesh", "extract_mesh (mesh stage)"),
+    ("decimate", "decimate to 10k"),
+    ("xatlas", "xatlas"),
+    ("unwrap", "unwrap (decimate + xatlas)"),
+    ("export_glb", "save_mesh GLB"),
+    ("total", "total"),
+)
+
+
+def build_splat(name: str):
+    """The workload's splat, or None when its file is absent."""
+    if name == "noisy":
+        from test_mesh_stage_fast import noisy_splat
+
+        return noisy_splat()
+    from microdreamer.splat import read_ply
+
+    path = SAMPLES / "splats" / "dg_ghost_amd_17k.ply"
+    return read_ply(path) if path.exists() else None
+
+
+def baked_texture(layout, splat, size: int, device: torch.device) -> np.ndarray:
+    """[size, size, 3] uint8: the splat's colour field baked into ``layout``'s atlas (untimed)."""
+    from microdreamer.field import FieldConfig
+    from microdreamer.texture import bake_field, fill_texture, texel_samples
+
+    verts = torch.as_tensor(layout.mesh.vertices, device=device)
+    faces = torch.as_tensor(layout.mesh.faces, device=device)
+    samples = texel_samples(verts, faces, torch.as_tensor(layout.uv, device=device), size, size)
+    colors, seen, _ = bake_field(samples, splat.to(device), FieldConfig())
+    return fill_texture(samples, colors, seen)[0]
+
+
+def run_workload(name: str, repeats: int, device: torch.device, tmp: Path) -> dict | None:
+    from microdreamer.field import FieldConfig, density_field
+    from microdreamer.generate import generate_texture_config
+    from microdreamer.mesh import MeshConfig, extract_mesh, save_mesh
+    from microdreamer.texture import unwrap
+
+    splat = build_splat(name)
+    if splat is None:
+        print(f"{name}: sample splat not found under {SAMPLES}; skipped", file=sys.stderr)
+        return None
+    fld = density_field(splat, FieldConfig(), device=device)
+    values, origin, spacing = fld.values.cpu().numpy(), fld.grid.origin, fld.grid.spacing
+    mesh_config, tex = MeshConfig(), generate_texture_config()
+
+    samples: dict[str, list[float]] = {k: [] for k, _ in STEPS}
+    cpu: dict[str, list[float]] = {"extract_mesh": [], "unwrap": [], "export_glb": []}
+    texture = None
+    for rep in range(repeats + 1):
+        c0, t0 = time.process_time(), time.perf_counter()
+        mesh, mstats = extract_mesh(values, origin, spacing, mesh_config)
+        c1, t1 = time.process_time(), time.perf_counter()
+        layout = unwrap(mesh, tex.max_faces, tex.size, tex.padding, tex.chart_iterations)
+        c2, t2 = time.process_time(), time.perf_counter()
+        if texture is None:
+            texture = baked_texture(layout, splat, tex.size, device)
+        textured = layout.with_texture(texture)
+        c3, t3 = time.process_time(), time.perf_counter()
+        save_mesh(textured, tmp / f"{name}.glb")
+        c4, t4 = time.process_time(), time.perf_counter()
+        if rep == 0:
+            continue  # warm-up
+        s = mstats["seconds"]
+        row = {
+            "marching_cubes": s["marching_cubes"],
+            "cleanup": s["cleanup"],
+            "extract_mesh": t1 - t0,
+            "decimate": layout.stats["seconds"]["decimate"],
+            "xatlas": layout.stats["seconds"]["xatlas"],
+            "unwrap": t2 - t1,
+            "export_glb": t4 - t3,
+        }
+        row["total"] = row["extract_mesh"] + row["unwrap"] + row["export_glb"]
+        for k, v in row.items():
+            samples[k].append(v)
+        for k, v in (("extract_mesh", c1 - c0), ("unwrap", c2 - c1), ("export_glb", c4 - c3)):
+            cpu[k].append(v)
+    counts = {
+        "gaussians": len(splat),
+        "faces_marching_cubes": mstats["faces_marching_cubes"],
+        "faces_after_cleanup": mstats["faces_after_cleanup"],
+        "components": mstats["components"],
+        "components_removed": mstats["components_removed"],
+        "vertices_after_cleanup": mstats["vertices"],
+        "faces_unwrapped": layout.stats["faces"],
+        "vertices_unwrapped": layout.stats["vertices"],
+        "charts": layout.stats["charts"],
+        "utilization": round(layout.stats["utilization"], 4),
+        "glb_bytes": (tmp / f"{name}.glb").stat().st_size,
+    }
+    return {
+        "counts": counts,
+        "seconds_median": {k: statistics.median(v) for k, v in samples.items()},
+        "seconds_min": {k: min(v) for k, v in samples.items()},
+        "cpu_seconds_median": {k: statistics.median(v) for k, v in cpu.items()},
+        "seconds_all": samples,
+    }
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()  # fmt: skip
+        return out.stdout.strip() + (" + uncommitted changes under src/" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: noisy, ghost")
+    ap.add_argument("--repeats", type=int, default=7, help="timed runs per workload (after one warm-up)")
+    ap.add_argument("--device", default="cpu", help="where the (untimed) field and texture bake run")
+    ap.add_argument("--json", type=Path, default=None, help="store the results in this JSON file")
+    ap.add_argument("--label", default="run", help="key of this run under runs[] in the JSON file")
+    args = ap.parse_args()
+    names = [w for w in args.workloads.split(",") if w]
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown:
+        sys.exit(f"error: --workloads: unknown {', '.join(unknown)}; use {', '.join(WORKLOADS)}")
+    device = torch.device(args.device)
+
+    load_before = list(__import__("os").getloadavg())
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            res = run_workload(name, args.repeats, device, Path(tmp))
+            if res is not None:
+                results[name] = res
+    run = {
+        "command": "python " + " ".join(sys.argv),
+        "commit": git_commit(),
+        "hardware": hardware(load_average_at_start=load_before),
+        "repeats": args.repeats,
+        "workloads": results,
+    }
+    doc = {}
+    if args.json is not None and args.json.exists():
+        doc = json.loads(args.json.read_text())
+    doc.setdefault("benchmark", __doc__.splitlines()[0])
+    doc.setdefault("runs", {})[args.label] = run
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+
+    labels = [lb for lb in doc["runs"] if lb != args.label] + [args.label]
+    for name in results:
+        print(f"\n{name}: {json.dumps(results[name]['counts'])}")
+        cols = [lb for lb in labels if name in doc["runs"][lb]["workloads"]]
+        print(f"{'step (median wall s)':<30}" + "".join(f"{lb:>12}" for lb in cols))
+        for key, what in STEPS:
+            vals = [doc["runs"][lb]["workloads"][name]["seconds_median"][key] for lb in cols]
+            print(f"{what:<30}" + "".join(f"{v:>12.4f}" for v in vals))
+    if args.json is not None:
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
