@@ -55,7 +55,8 @@ class RenderOutput:
         rgb: [C, H, W, 3] colour composited over the background.
         alpha: [C, H, W, 1] accumulated opacity ``1 - T``.
         depth: [C, H, W, 1] expected camera-space z normalised by alpha (gsplat's "ED" mode:
-            ``sum w_i z_i / max(alpha, 1e-10)``); 0 where nothing is drawn.
+            ``sum w_i z_i / max(alpha, 1e-10)``); 0 where nothing is drawn. None when rendered
+            with ``depth=False``.
         means2d: [C, N, 2] projected centres in pixels. With ``retain_means2d_grad=True`` its
             ``.grad`` holds the view-space gradient after ``backward()`` (for densification).
         radii: [C, N, 2] int32 bounding-box half-widths in pixels; 0 where a Gaussian is culled.
@@ -63,7 +64,7 @@ class RenderOutput:
 
     rgb: torch.Tensor
     alpha: torch.Tensor
-    depth: torch.Tensor
+    depth: torch.Tensor | None
     means2d: torch.Tensor
     radii: torch.Tensor
 
@@ -164,6 +165,7 @@ def render(
     sh_degree: int | None = None,
     retain_means2d_grad: bool = False,
     tile_size: int | None = None,
+    depth: bool = True,
 ) -> RenderOutput:
     """Render a splat from C cameras, differentiably.
 
@@ -176,9 +178,11 @@ def render(
         retain_means2d_grad: keep the gradient of ``RenderOutput.means2d`` (view-space gradient).
         tile_size: tile edge in pixels; None = the backend's default (gsplat 16, torch 8). The
             image does not depend on it (every Gaussian's bounding box is exact).
+        depth: also render the depth; False skips it (a cheaper render, ``depth`` is None) and
+            changes nothing else.
 
     Returns:
-        A :class:`RenderOutput` with rgb [C, H, W, 3], alpha [C, H, W, 1], depth [C, H, W, 1].
+        A :class:`RenderOutput` with rgb [C, H, W, 3], alpha [C, H, W, 1], depth [C, H, W, 1] or None.
     """
     device = splat.device
     backend = resolve_backend(backend, device)
@@ -194,22 +198,24 @@ def render(
         return RenderOutput(
             rgb=bg[:, None, None, :].expand(C, H, W, 3).clone(),
             alpha=torch.zeros(C, H, W, 1, device=device, dtype=dtype),
-            depth=torch.zeros(C, H, W, 1, device=device, dtype=dtype),
+            depth=torch.zeros(C, H, W, 1, device=device, dtype=dtype) if depth else None,
             means2d=means2d,
             radii=torch.zeros(C, 0, 2, device=device, dtype=torch.int32),
         )
     if backend == "gsplat":
         from microdreamer.render._gsplat import render_gsplat
 
-        out = render_gsplat(splat, cams, bg, degree, tile_size or 16)
+        out = render_gsplat(splat, cams, bg, degree, tile_size or 16, depth)
     else:
-        out = _render_torch(splat, cams, bg, degree, tile_size or _torch_raster.TILE_SIZE)
+        out = _render_torch(splat, cams, bg, degree, tile_size or _torch_raster.TILE_SIZE, depth)
     if retain_means2d_grad and out.means2d.requires_grad:
         out.means2d.retain_grad()
     return out
 
 
-def _render_torch(splat: Splat, cams: Cameras, bg: torch.Tensor, degree: int, tile_size: int) -> RenderOutput:
+def _render_torch(
+    splat: Splat, cams: Cameras, bg: torch.Tensor, degree: int, tile_size: int, depth: bool = True
+) -> RenderOutput:
     dtype = splat.means.dtype
     viewmats, Ks = cams.viewmats.to(dtype), cams.Ks.to(dtype)
     opacities = splat.opacities()
@@ -225,8 +231,8 @@ def _render_torch(splat: Splat, cams: Cameras, bg: torch.Tensor, degree: int, ti
         cams.far,
     )
     colors = view_colors(splat, cams, degree).expand(len(cams), -1, -1)  # [C, N, 3]
-    feats = torch.cat([colors, proj.depths[..., None]], dim=-1)  # [C, N, 4]
+    feats = torch.cat([colors, proj.depths[..., None]], dim=-1) if depth else colors  # [C, N, 4 or 3]
     acc, alpha = _torch_raster.rasterize(proj, opacities, feats, cams.width, cams.height, tile_size=tile_size)
     rgb = acc[..., :3] + (1.0 - alpha) * bg[:, None, None, :]
-    depth = acc[..., 3:4] / alpha.clamp_min(1e-10)
-    return RenderOutput(rgb=rgb, alpha=alpha, depth=depth, means2d=proj.means2d, radii=proj.radii)
+    z = acc[..., 3:4] / alpha.clamp_min(1e-10) if depth else None
+    return RenderOutput(rgb=rgb, alpha=alpha, depth=z, means2d=proj.means2d, radii=proj.radii)
