@@ -52,12 +52,11 @@ class DensifyStats:
             width, height: image size (the gradient is scaled to NDC units: x by W/2, y by H/2).
         """
         scale = _ndc_scale(width, height, means2d_grad.device, means2d_grad.dtype)
-        norm = (means2d_grad * scale).norm(dim=-1)  # [C, N]
-        vis = (radii > 0).all(-1)
-        self.grad_sum += (norm * vis).sum(0).to(self.grad_sum.dtype)
-        self.count += vis.sum(0).to(self.count.dtype)
-        r = (radii.max(-1).values * vis).amax(0).to(self.max_radius.dtype)
-        self.max_radius = torch.maximum(self.max_radius, r)
+        vis = (radii > 0).all(-1)  # [C, N]
+        # in-place, mixed-dtype updates: as few launches as the step allows (it is bound by the host)
+        self.grad_sum += ((means2d_grad * scale).norm(dim=-1) * vis).sum(0)
+        self.count += vis.sum(0)
+        torch.maximum(self.max_radius, (radii.amax(-1) * vis).amax(0), out=self.max_radius)
 
 
 @functools.lru_cache(maxsize=16)
