@@ -1,5 +1,6 @@
-"""The channels-last group norm (Triton kernels) against torch.nn.functional.group_norm in float64, and
-its patch of diffusers' UNet and VAE against the unpatched networks.
+"""The fused Zero123 operations (Triton kernels): the channels-last group norm against
+torch.nn.functional.group_norm and GEGLU against a * gelu(g), both in float64, and their patch of
+diffusers' UNet and VAE against the unpatched networks.
 
 The kernels run on CUDA (tests marked ``cuda``) and, where Triton is installed, also on the CPU in
 Triton's interpreter (a subprocess with TRITON_INTERPRET=1)."""
@@ -16,7 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from microdreamer.priors.group_norm import fused_available, group_norm, group_norm_reference
+from microdreamer.priors.fused import (
+    fused_available,
+    geglu,
+    geglu_reference,
+    group_norm,
+    group_norm_reference,
+)
 
 # (B, C, spatial, groups): the UNet's and VAE's shapes at small sizes, odd channel counts per group
 # (10, 20, 40 as in Stable Diffusion's 320/640/1280), positions that do not fill a tile, one position
@@ -25,7 +32,8 @@ SHAPES = [
     ((3, 40, (5, 7)), 4),
     ((1, 1280, (4, 4)), 32),
     ((2, 128, (33, 31)), 32),
-    ((2, 12, (1, 1)), 3),
+    ((2, 12, (1, 1)), 3),  # one position (Triton specialises the integer 1)
+    ((2, 4, (6, 5)), 4),  # one channel per group
     ((2, 64, (300,)), 32),  # [B, C, L]: the VAE attention's input (a transposed [B, L, C])
 ]
 FP32_TOL = 2e-6  # relative L2 error vs float64; float32 sums over at most ~10^4 values per partial
@@ -58,10 +66,42 @@ def _check(device: str, dtype: torch.dtype, tol: float) -> None:
                 assert err < tol, (shape, G, act, with_cb, dtype, err)
 
 
+GEGLU_SHAPES = [(3, 7, 10), (2, 300, 640), (1, 1, 2)]  # [..., 2D]
+
+
+def _check_geglu(device: str, dtype: torch.dtype, tol: float) -> None:
+    for i, shape in enumerate(GEGLU_SHAPES):
+        g = torch.Generator(device="cpu").manual_seed(100 + i)
+        h = (torch.randn(*shape, generator=g) * 2).to(device, dtype)
+        y = geglu(h)
+        ref = geglu_reference(h.double())
+        assert y.dtype == dtype and y.shape == ref.shape and torch.isfinite(y).all()
+        err = float((y.double() - ref).norm() / ref.norm())
+        assert err < tol, (shape, dtype, err)
+
+
 def test_reference_is_torch_group_norm_plus_bias_and_silu():
     x, w, b, cb = _case((2, 12, (3, 4)), torch.float64, "cpu", seed=1)
     want = torch.nn.functional.silu(torch.nn.functional.group_norm(x + cb[:, :, None, None], 3, w, b, 1e-6))
     torch.testing.assert_close(group_norm_reference(x, 3, w, b, 1e-6, cb, "silu"), want, rtol=0, atol=0)
+
+
+def test_geglu_reference_is_diffusers_geglu():
+    pytest.importorskip("diffusers", reason="diffusers' GEGLU")
+    from diffusers.models.activations import GEGLU
+
+    from microdreamer.priors.fused import fuse_group_norms
+
+    m = GEGLU(6, 5).eval()
+    x = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = m(x)
+        assert torch.equal(geglu_reference(m.proj(x)), want)
+        wrapper = torch.nn.Sequential(m)
+        assert fuse_group_norms(wrapper) == 1 and "forward" in vars(m)
+        torch.testing.assert_close(m(x), want, rtol=0, atol=0)  # CPU: the reference path
+        fuse_group_norms(wrapper, enable=False)
+        assert "forward" not in vars(m)
 
 
 def test_cpu_and_non_channels_last_inputs_take_the_reference_path():
@@ -86,9 +126,10 @@ def test_kernels_in_the_triton_interpreter():
         f"""
         import sys, torch
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import test_group_norm as t
+        import test_fused_ops as t
         t._check("cpu", torch.float32, t.FP32_TOL)
         t._check("cpu", torch.float16, 1e-3)
+        t._check_geglu("cpu", torch.float32, t.FP32_TOL)
         t._patched_vs_plain("cpu", torch.float32, 1e-5)  # the patched tiny networks on the kernels
         """
     )
@@ -110,6 +151,7 @@ def test_kernels_match_float64_reference_on_cuda(dtype, tol):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     _check("cuda", dtype, tol)
+    _check_geglu("cuda", dtype, tol)
 
 
 @pytest.mark.cuda
@@ -147,7 +189,7 @@ def _outputs(nets, device, dtype, memory_format):
 
 
 def _patched_vs_plain(device, dtype, tol):
-    from microdreamer.priors.group_norm import FusedGroupNorm, fuse_group_norms
+    from microdreamer.priors.fused import FusedGroupNorm, fuse_group_norms
 
     nets = _tiny_nets().to(device, dtype)
     fmt = torch.channels_last
@@ -158,6 +200,7 @@ def _patched_vs_plain(device, dtype, tol):
     assert all(c > 0 for c in counts)
     assert any(type(m) is FusedGroupNorm for m in nets.vae.modules())
     assert any("forward" in vars(m) for m in nets.unet.modules() if type(m).__name__ == "ResnetBlock2D")
+    assert any("forward" in vars(m) for m in nets.unet.modules() if type(m).__name__ == "GEGLU")
     assert fuse_group_norms(nets.unet) == 0  # idempotent
     fused = _outputs(nets, device, dtype, fmt)
     for a, b in zip(fused, plain, strict=True):

@@ -1,6 +1,6 @@
-"""Group normalisation (optionally with a per-sample channel bias added first and SiLU after) for
-channels-last CUDA tensors, in three Triton kernels; and the patch that puts it into diffusers' UNet
-and VAE.
+"""Fused operations of the Zero123 networks as Triton kernels, and the patch that puts them into
+diffusers' UNet and VAE (:func:`fuse_group_norms`): group normalisation (optionally with a
+per-sample channel bias added first and SiLU after) for channels-last CUDA tensors, and GEGLU.
 
 Why: the Zero123 UNet runs channels-last (NHWC: its convolutions are faster so), but PyTorch's
 GroupNorm has no channels-last CUDA kernel: each of the UNet's 61 GroupNorms copies its input to
@@ -10,14 +10,17 @@ copies and passes were ~30% of a guided UNet call's kernel time (benchmarks/NOTE
 The kernels, for x [B, C, *spatial] whose channel stride is 1 (L = prod(spatial) positions, G groups
 of C / G channels):
 
-1. ``_moments``: grid (B, S); each program sums ``x - k`` and its square per channel over its share
-   of the L positions, k being the channel's value at position 0 (a shift that keeps the sums of
-   squares well conditioned; the channel bias cancels out of them); partial sums [B, S, 2, C] in
-   float32.
-2. ``_finalize``: grid (B,); per channel mean (shift + bias + sum / L) and sum of squared deviations,
-   then per group by Chan's parallel combination: mean [B, G] and 1 / sqrt(var + eps) [B, G] (float32,
-   biased variance, as torch.nn.GroupNorm).
+1. ``_moments``: grid (B, S), S ~ 1024 / B; each program sums ``x - k`` and its square per channel
+   over its share of the L positions, k being the channel's value at position 0 (a shift that keeps
+   the sums of squares well conditioned; the channel bias cancels out of them); partial sums
+   [B, S, 2, C] in float32.
+2. ``_finalize``: grid (B, G); per channel of the group: mean (k + bias + sum / L) and sum of squared
+   deviations, then Chan's parallel combination over the group's channels: mean [B, G] and
+   1 / sqrt(var + eps) [B, G] (float32, biased variance, as torch.nn.GroupNorm).
 3. ``_apply``: grid (B, L / BLOCK_L); y = act((x + bias - mean_g) * rstd_g * weight + beta).
+
+Also here: GEGLU (the transformer blocks' feed-forward gate, ``a * gelu(g)`` of the two halves of a
+projection) in one kernel instead of three passes (:func:`geglu`).
 
 The reference is :func:`group_norm_reference` (``torch.nn.functional.group_norm``); anything the
 kernels do not take (CPU tensors, other layouts, no Triton) goes there.
@@ -36,8 +39,9 @@ import torch.nn.functional as F
 logger = logging.getLogger(__name__)
 
 ACTIVATIONS = (None, "silu")
-_MAX_SPLIT = 32  # partial sums per sample (programs of the moments kernel per sample)
-_TILE = 4096  # elements per program of the moments and apply kernels
+_MOMENT_PROGRAMS = 1024  # programs of the moments kernel (all samples; ~8 per SM of an H200)
+_TILE = 4096  # elements per loop step of the moments kernel and per program of the apply kernel
+_GEGLU_BLOCK = 1024
 
 # Triton comes with CUDA builds of PyTorch; without it everything takes the reference path
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -114,15 +118,18 @@ def group_norm(
         return group_norm_reference(x, num_groups, weight, bias, eps, channel_bias, activation)
     import triton
 
-    from microdreamer.priors._group_norm_triton import _apply, _finalize, _moments
+    from microdreamer.priors._fused_triton import _apply, _finalize, _moments
 
     L = x[0, 0].numel()
     G = num_groups
     BLOCK_C = triton.next_power_of_2(C)
     BLOCK_L = max(1, _TILE // BLOCK_C)
-    split = max(1, min(_MAX_SPLIT, triton.cdiv(L, BLOCK_L)))
+    split = max(1, min(triton.cdiv(_MOMENT_PROGRAMS, B), triton.cdiv(L, BLOCK_L)))
     rows_per_split = triton.cdiv(triton.cdiv(L, split), BLOCK_L) * BLOCK_L
     split = triton.cdiv(L, rows_per_split)
+    cpg = C // G
+    BLOCK_J = triton.next_power_of_2(cpg)
+    BLOCK_S = max(1, min(triton.next_power_of_2(split), 1024 // BLOCK_J))
     dev = x.device
     partial = torch.empty(B, split, 2, C, device=dev, dtype=torch.float32)
     stats = torch.empty(B, 2, G, device=dev, dtype=torch.float32)
@@ -134,10 +141,35 @@ def group_norm(
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     _moments[(B, split)](x, partial, L, C, rows_per_split, split, BLOCK_L=BLOCK_L, BLOCK_C=BLOCK_C)
-    _finalize[(B,)](x, cb, partial, stats, L, C, G, C // G, split, eps, HAS_CB=has_cb, BLOCK_C=BLOCK_C)
-    _apply[(B, triton.cdiv(L, BLOCK_L))](x, cb, stats, w, b, y, L, C, G, C // G, HAS_CB=has_cb,
+    _finalize[(B, G)](x, cb, partial, stats, L, C, G, cpg, split, eps, HAS_CB=has_cb, BLOCK_S=BLOCK_S,
+                      BLOCK_J=BLOCK_J)  # fmt: skip
+    _apply[(B, triton.cdiv(L, BLOCK_L))](x, cb, stats, w, b, y, L, C, G, cpg, HAS_CB=has_cb,
                                          HAS_W=weight is not None, HAS_B=bias is not None,
                                          SILU=activation == "silu", BLOCK_L=BLOCK_L, BLOCK_C=BLOCK_C)  # fmt: skip
+    return y
+
+
+def geglu_reference(h: torch.Tensor) -> torch.Tensor:
+    """a * gelu(g) (exact GELU) for h [..., 2D] = [a, g] -> [..., D], as diffusers' GEGLU."""
+    a, g = h.chunk(2, dim=-1)
+    return a * F.gelu(g)
+
+
+def geglu(h: torch.Tensor) -> torch.Tensor:
+    """:func:`geglu_reference` in one kernel for contiguous CUDA tensors (GELU evaluated in float32;
+    the reference evaluates it in h's dtype); others take the reference."""
+    if not (_HAS_TRITON and (h.is_cuda or _INTERPRET) and h.is_contiguous() and h.numel() > 0):
+        return geglu_reference(h)
+    if h.shape[-1] % 2:
+        raise ValueError(f"geglu needs an even last dimension, got {h.shape[-1]}")
+    import triton
+
+    from microdreamer.priors._fused_triton import _geglu
+
+    D = h.shape[-1] // 2
+    y = torch.empty(*h.shape[:-1], D, device=h.device, dtype=h.dtype)
+    total = y.numel()
+    _geglu[(triton.cdiv(total, _GEGLU_BLOCK),)](h, y, total, D, BLOCK=_GEGLU_BLOCK)
     return y
 
 
@@ -158,17 +190,27 @@ def _plain_group_norm(m) -> bool:
 
 def _resnet_forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args, **kwargs):
     """diffusers' ResnetBlock2D.forward for blocks :func:`_fusable_resnet` accepts: both norms with
-    their SiLU in one call each, the time embedding added inside the second norm."""
+    their SiLU in one call each; the time embedding and conv1's bias added inside the second norm."""
     n1, n2 = self.norm1, self.norm2
     h = group_norm(input_tensor, n1.num_groups, n1.weight, n1.bias, n1.eps, activation="silu")
-    h = self.conv1(h)
     channel_bias = None
     if self.time_emb_proj is not None and temb is not None:
         channel_bias = self.time_emb_proj(temb if self.skip_time_act else F.silu(temb))
+    if fused_available(h) and self.conv1.bias is not None:  # conv1's bias goes into norm2's channel bias
+        c1 = self.conv1
+        h = c1._conv_forward(h, c1.weight, None)
+        channel_bias = c1.bias.expand(h.shape[0], -1) if channel_bias is None else channel_bias + c1.bias
+    else:
+        h = self.conv1(h)
     h = group_norm(h, n2.num_groups, n2.weight, n2.bias, n2.eps, channel_bias=channel_bias, activation="silu")
     h = self.conv2(self.dropout(h))
     x = self.conv_shortcut(input_tensor) if self.conv_shortcut is not None else input_tensor
     return (x + h) / self.output_scale_factor
+
+
+def _geglu_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """diffusers' GEGLU.forward with the gate in one kernel (:func:`geglu`)."""
+    return geglu(self.proj(hidden_states))
 
 
 def _fusable_resnet(m) -> bool:
@@ -185,11 +227,13 @@ def _fusable_resnet(m) -> bool:
 
 
 def fuse_group_norms(model: torch.nn.Module, enable: bool = True) -> int:
-    """Route a diffusers UNet's or VAE's group norms through :func:`group_norm` (``enable``), or back
-    to PyTorch's (``enable=False``); idempotent both ways. Outputs are unchanged up to rounding.
+    """Route a diffusers UNet's or VAE's group norms through :func:`group_norm` and its GEGLU gates
+    through :func:`geglu` (``enable``), or back to PyTorch's (``enable=False``); idempotent both
+    ways. Outputs are unchanged up to rounding.
 
-    Patched: every ResnetBlock2D without its own up/down-sampling and with the "default" time
-    embedding (norm + SiLU twice, the time embedding added inside the second norm); every
+    Patched: every GEGLU; every ResnetBlock2D without its own up/down-sampling and with the "default"
+    time embedding (norm + SiLU twice, the time embedding and conv1's bias added inside the second
+    norm); every
     ``conv_norm_out`` followed by a SiLU ``conv_act`` (the SiLU folded into the norm); every other
     ``torch.nn.GroupNorm`` (transformer and attention input norms) as a plain norm. The kernels run
     only on channels-last CUDA tensors; anything else takes PyTorch's path inside the same modules.
@@ -199,6 +243,13 @@ def fuse_group_norms(model: torch.nn.Module, enable: bool = True) -> int:
     """
     count = 0
     for m in model.modules():
+        if type(m).__name__ == "GEGLU" and isinstance(getattr(m, "proj", None), torch.nn.Linear):
+            if enable and "forward" not in vars(m):
+                m.forward = types.MethodType(_geglu_forward, m)
+                count += 1
+            elif not enable and "forward" in vars(m):
+                del m.forward
+                count += 1
         if type(m).__name__ == "ResnetBlock2D":
             if enable and _fusable_resnet(m) and "forward" not in vars(m):
                 m.forward = types.MethodType(_resnet_forward, m)
