@@ -8,8 +8,18 @@ in hundreds of pieces.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from microdreamer.mesh import (
+    GridVertices,
+    Mesh,
+    MeshConfig,
+    cleanup_mesh_with_stats,
+    extract_mesh,
+    marching_cubes,
+    marching_cubes_on_grid,
+)
 from microdreamer.splat import Splat
 
 # ---------------------------------------------------------------------------------------------------
@@ -46,3 +56,198 @@ def noisy_splat(
     return Splat.from_activated(
         *(torch.tensor(x, dtype=torch.float32) for x in (means, scales, quats, opacities, colors))
     )
+
+
+def quantised_field(shape, seed: int, levels: int = 6, fraction: float = 0.3) -> np.ndarray:
+    """[R0, R1, R2] float32 smooth random field around 1.0 with a random ``fraction`` of its samples
+    rounded to ``levels`` steps, so that many samples equal the iso-level 1 exactly (marching cubes
+    then emits coincident vertices and degenerate faces) while the rest vary continuously (ambiguous
+    cubes with centre vertices)."""
+    from scipy import ndimage
+
+    g = np.random.default_rng(seed)
+    smooth = ndimage.gaussian_filter(g.normal(size=shape), 1.0)
+    smooth = 1.0 + smooth / smooth.std() * 0.5
+    pick = g.random(shape) < fraction
+    smooth[pick] = np.round(smooth[pick] * levels) / levels
+    return smooth.astype(np.float32)
+
+
+def field_case(seed: int):
+    """(values, origin, spacing) of a quantised random field with anisotropic spacing."""
+    g = np.random.default_rng(seed)
+    shape = tuple(int(x) for x in g.integers(14, 24, 3))
+    spacing = g.uniform(0.02, 0.08, 3)
+    origin = g.uniform(-1.0, 1.0, 3)
+    return quantised_field(shape, seed), origin, spacing
+
+
+# ---------------------------------------------------------------------------------------------------
+# cleanup: the grid-restricted merge search and the reworked steps
+
+
+def close_pairs(vertices: np.ndarray, tolerance: float) -> np.ndarray:
+    """[P, 2] all vertex pairs within ``tolerance``: the full k-d tree search (the reference)."""
+    from scipy.spatial import cKDTree
+
+    return cKDTree(vertices.astype(np.float64)).query_pairs(tolerance, output_type="ndarray")
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("close_boundary", [True, False])
+def test_merge_candidates_hold_every_close_pair(seed, close_boundary):
+    values, origin, spacing = field_case(seed)
+    mesh, grid = marching_cubes_on_grid(values, 1.0, origin, spacing, close_boundary=close_boundary)
+    assert mesh.num_vertices > 100
+    diag = float(np.linalg.norm(np.ptp(mesh.vertices.astype(np.float64), axis=0)))
+    # 0 (exact duplicates), the default 1e-6 of the diagonal, and up to 0.2 grid steps (e < 0.25)
+    for tolerance in (0.0, 1e-6 * diag, 0.05 * spacing.min(), 0.2 * spacing.min()):
+        pairs = close_pairs(mesh.vertices, tolerance)
+        candidates = grid.merge_candidates(tolerance)
+        assert candidates is not None and candidates.shape == (mesh.num_vertices,)
+        assert candidates[pairs.reshape(-1)].all(), tolerance
+        if tolerance == 0.2 * spacing.min():
+            assert len(pairs) > 0  # the test exercises real pairs
+    # beyond a quarter step the argument does not hold: search everything
+    assert grid.merge_candidates(0.3 * spacing.min()) is None
+
+
+def test_merge_candidates_cases_b_and_c():
+    # (b) two vertices inside one grid edge, far from its samples; (c) a vertex inside a cube
+    coords = np.array(
+        [[3.0, 4.0, 5.4], [3.0, 4.0, 5.41], [7.0, 2.0, 2.5], [10.3, 10.6, 10.2], [11.0, 10.0, 10.05]],
+        np.float32,
+    )
+    grid = GridVertices(coords, np.full(3, 0.1), 0.0)
+    candidates = grid.merge_candidates(1e-6)
+    # 0, 1: same edge; 2: alone on its edge; 3: not on an edge; 4: on an edge, in the cube next to 3's
+    np.testing.assert_array_equal(candidates, [True, True, False, True, True])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("merge_tolerance", [0.0, 1e-6, 2e-3, 0.05])
+def test_cleanup_with_the_grid_equals_the_full_search(seed, merge_tolerance):
+    values, origin, spacing = field_case(100 + seed)
+    mesh, grid = marching_cubes_on_grid(values, 1.0, origin, spacing)
+    config = MeshConfig(merge_tolerance=merge_tolerance, min_component_fraction=0.05)
+    fast, fast_stats = cleanup_mesh_with_stats(mesh, config, grid)
+    full, full_stats = cleanup_mesh_with_stats(mesh, config)
+    np.testing.assert_array_equal(fast.vertices, full.vertices)
+    np.testing.assert_array_equal(fast.faces, full.faces)
+    assert fast_stats == full_stats
+    if merge_tolerance == 2e-3:
+        assert full_stats.vertices_merged > 0 and full_stats.degenerate_faces > 0
+
+
+def test_extract_mesh_of_the_noisy_splat_is_unchanged_by_the_grid_search():
+    from microdreamer.field import FieldConfig, density_field
+
+    fld = density_field(noisy_splat(3000, seed=1, scale=0.02), FieldConfig(resolution=40), device="cpu")
+    values = fld.values.numpy()
+    mesh, stats = extract_mesh(values, fld.grid.origin, fld.grid.spacing, MeshConfig())
+    raw = marching_cubes(values, 1.0, fld.grid.origin, fld.grid.spacing)
+    full, full_stats = cleanup_mesh_with_stats(raw, MeshConfig())
+    np.testing.assert_array_equal(mesh.vertices, full.vertices)
+    np.testing.assert_array_equal(mesh.faces, full.faces)
+    assert stats["components"] == full_stats.components > 10  # many pieces, as the real workload
+
+
+def reference_cleanup(mesh: Mesh, config: MeshConfig) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """The cleanup's semantics written plainly: all-pairs k-d tree merge to the group's lowest index,
+    degenerate then duplicate faces (first kept), undirected vertex components over all three face
+    edges numbered by lowest vertex, floaters below the fraction (largest kept; ties: lowest label),
+    unused vertices dropped. Returns (vertices, faces, (merged, degenerate, duplicate, components,
+    removed))."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    v, f = mesh.vertices, mesh.faces
+    tol = config.merge_tolerance * float(np.linalg.norm(v.max(0).astype(np.float64) - v.min(0)))
+    n = len(v)
+    pairs = close_pairs(v, tol) if tol > 0 else close_pairs(v, 0.0)
+    graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(n, n))
+    _, groups = connected_components(graph, directed=False)
+    lowest = {}
+    for i, gid in enumerate(groups):
+        lowest.setdefault(gid, i)
+    remap = np.array([lowest[gid] for gid in groups])
+    merged = int((remap != np.arange(n)).sum())
+    f = remap[f]
+    good = (f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 0] != f[:, 2])
+    f = f[good]
+    seen, unique = set(), []
+    for row in f:
+        key = tuple(sorted(row.tolist()))
+        unique.append(key not in seen)
+        seen.add(key)
+    unique = np.array(unique, bool)
+    f = f[unique]
+    edges = np.concatenate([f[:, [0, 1]], f[:, [1, 2]], f[:, [2, 0]]])
+    graph = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    counts = np.bincount(labels[f[:, 0]], minlength=labels.max() + 1)
+    keep = counts >= config.min_component_fraction * len(f)
+    keep[np.argmax(counts)] = True
+    removed = int(((counts > 0) & ~keep).sum())
+    f = f[keep[labels[f[:, 0]]]]
+    used = np.unique(f)
+    new = np.full(n, -1)
+    new[used] = np.arange(len(used))
+    counts_info = (merged, int((~good).sum()), int((~unique).sum()), int((counts > 0).sum()), removed)
+    return v[used], new[f], counts_info
+
+
+def soup_case(seed: int) -> Mesh:
+    """Random meshes with what the cleanup removes: near-duplicate vertices, degenerate and duplicate
+    faces (both windings), unused vertices, several components of which two tie for the largest."""
+    g = np.random.default_rng(seed)
+    parts, offset = [], 0
+    sizes = [12, 12, 5, 3, 1]  # faces per component: a tie for the largest
+    g.shuffle(sizes)
+    for k, size in enumerate(sizes):
+        nv = size + 2
+        verts = g.normal(size=(nv, 3)) + 10.0 * k
+        faces = np.stack([np.arange(size), np.arange(size) + 1, np.arange(size) + 2], 1)  # a strip
+        parts.append((verts, faces + offset))
+        offset += nv
+    verts = np.concatenate([p[0] for p in parts])
+    faces = np.concatenate([p[1] for p in parts])
+    dup = g.choice(len(verts), 6, replace=False)  # near copies of some vertices, used by copied faces
+    verts = np.concatenate([verts, verts[dup] + g.uniform(-1e-9, 1e-9, (6, 3)), g.normal(size=(3, 3))])
+    copy_faces = faces[g.choice(len(faces), 6)]
+    for i, d in enumerate(dup):
+        copy_faces[copy_faces == d] = offset + i
+    extra = np.concatenate([copy_faces, faces[:3, ::-1], faces[3:5], [[0, 0, 1]]])
+    faces = np.concatenate([faces, extra])
+    return Mesh(verts, faces[g.permutation(len(faces))])
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("fraction", [0.0, 0.2, 0.9])
+def test_cleanup_matches_the_plain_reference(seed, fraction):
+    mesh = soup_case(seed)
+    config = MeshConfig(merge_tolerance=1e-6, min_component_fraction=fraction)
+    out, stats = cleanup_mesh_with_stats(mesh, config)
+    ref_v, ref_f, (merged, degenerate, duplicate, components, removed) = reference_cleanup(mesh, config)
+    np.testing.assert_array_equal(out.vertices, ref_v)
+    np.testing.assert_array_equal(out.faces, ref_f)
+    assert (stats.vertices_merged, stats.degenerate_faces, stats.duplicate_faces) == (
+        merged,
+        degenerate,
+        duplicate,
+    )
+    assert (stats.components, stats.components_removed) == (components, removed)
+
+
+def test_subset_faces_by_mask_indices_and_slice():
+    g = np.random.default_rng(4)
+    mesh = Mesh(g.normal(size=(10, 3)), g.integers(0, 8, (12, 3)), g.random((10, 3)))
+    mask = g.random(12) < 0.5
+    by_mask, by_index = mesh.subset_faces(mask), mesh.subset_faces(np.flatnonzero(mask))
+    used = np.unique(mesh.faces[mask])
+    for sub in (by_mask, by_index):
+        np.testing.assert_array_equal(sub.vertices, mesh.vertices[used])
+        np.testing.assert_array_equal(sub.vertex_colors, mesh.vertex_colors[used])
+        np.testing.assert_array_equal(sub.vertices[sub.faces], mesh.vertices[mesh.faces[mask]])
+    full = mesh.subset_faces(slice(None))  # vertices 8, 9 are unused
+    assert full.num_vertices == len(np.unique(mesh.faces)) and full.num_faces == 12

@@ -15,7 +15,7 @@ from typing import Any
 from microdreamer.errors import InputError
 from microdreamer.mesh.cleanup import CleanupStats, cleanup_mesh, cleanup_mesh_with_stats, decimate
 from microdreamer.mesh.export import MESH_FORMATS, save_mesh
-from microdreamer.mesh.marching import marching_cubes
+from microdreamer.mesh.marching import GridVertices, marching_cubes, marching_cubes_on_grid
 from microdreamer.mesh.types import Mesh
 
 logger = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "MESH_FORMATS",
     "CleanupStats",
+    "GridVertices",
     "Mesh",
     "MeshConfig",
     "cleanup_mesh",
@@ -30,6 +31,7 @@ __all__ = [
     "decimate",
     "extract_mesh",
     "marching_cubes",
+    "marching_cubes_on_grid",
     "save_mesh",
 ]
 
@@ -88,7 +90,9 @@ def extract_mesh(
     seconds = {"marching_cubes": 0.0, "cleanup": 0.0, "decimate": 0.0}
 
     start = time.perf_counter()
-    mesh = marching_cubes(values, config.threshold, origin, spacing, close_boundary=config.close_boundary)
+    mesh, grid = marching_cubes_on_grid(
+        values, config.threshold, origin, spacing, close_boundary=config.close_boundary
+    )
     seconds["marching_cubes"] = time.perf_counter() - start
     stats: dict[str, Any] = {
         "vertices_marching_cubes": mesh.num_vertices,
@@ -96,7 +100,7 @@ def extract_mesh(
     }
 
     start = time.perf_counter()
-    mesh, cleanup = cleanup_mesh_with_stats(mesh, config)
+    mesh, cleanup = cleanup_mesh_with_stats(mesh, config, grid)
     seconds["cleanup"] = time.perf_counter() - start
     stats["faces_after_cleanup"] = mesh.num_faces
     stats["components"] = cleanup.components

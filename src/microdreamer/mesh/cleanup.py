@@ -12,6 +12,7 @@ from microdreamer.mesh.types import Mesh
 
 if TYPE_CHECKING:
     from microdreamer.mesh import MeshConfig
+    from microdreamer.mesh.marching import GridVertices
 
 logger = logging.getLogger(__name__)
 
@@ -32,61 +33,88 @@ class CleanupStats:
     faces_out: int = 0
 
 
-def _merge_map(vertices: np.ndarray, tolerance: float) -> np.ndarray:
+def _merge_map(vertices: np.ndarray, tolerance: float, candidates: np.ndarray | None = None) -> np.ndarray:
     """[V] int64: for each vertex, the lowest index of the group of vertices it merges with.
 
     Groups are the connected components of the graph "closer than or at ``tolerance``" (so merging is
-    transitive); ``tolerance == 0`` merges exact duplicates only.
+    transitive); ``tolerance == 0`` merges exact duplicates only. ``candidates`` ([V] bool), when
+    given, must hold every vertex that has another within the tolerance; only those are searched.
     """
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
     from scipy.spatial import cKDTree
 
     v = vertices.shape[0]
+    remap = np.arange(v, dtype=np.int64)
+    index = remap if candidates is None else np.flatnonzero(candidates)
+    if index.size < 2:
+        return remap
+    points = vertices[index]
     if tolerance > 0:
-        pairs = cKDTree(vertices.astype(np.float64)).query_pairs(tolerance, output_type="ndarray")
+        pairs = cKDTree(points.astype(np.float64)).query_pairs(tolerance, output_type="ndarray")
     else:
-        _, inverse = np.unique(vertices, axis=0, return_inverse=True)
+        _, inverse = np.unique(points, axis=0, return_inverse=True)
         order = np.argsort(inverse.reshape(-1), kind="stable")
         sorted_inv = inverse.reshape(-1)[order]
         same = sorted_inv[1:] == sorted_inv[:-1]
         pairs = np.stack([order[:-1][same], order[1:][same]], axis=1)
     if len(pairs) == 0:
-        return np.arange(v, dtype=np.int64)
-    graph = coo_matrix((np.ones(len(pairs), np.int8), (pairs[:, 0], pairs[:, 1])), shape=(v, v))
+        return remap
+    k = index.size
+    graph = coo_matrix((np.ones(len(pairs), np.int8), (pairs[:, 0], pairs[:, 1])), shape=(k, k))
     n, labels = connected_components(graph, directed=False)
     first = np.full(n, v, dtype=np.int64)
-    np.minimum.at(first, labels, np.arange(v, dtype=np.int64))
-    return first[labels]
+    np.minimum.at(first, labels, index)  # index is increasing: the group's lowest global index
+    remap[index] = first[labels]
+    return remap
 
 
 def _first_unique_rows(faces: np.ndarray, num_vertices: int) -> np.ndarray:
     """[F] bool: True for the first face on each set of three vertices (winding ignored)."""
-    key_rows = np.sort(faces, axis=1)
+    a, b, c = faces[:, 0], faces[:, 1], faces[:, 2]
+    lo = np.minimum(np.minimum(a, b), c)
+    hi = np.maximum(np.maximum(a, b), c)
+    mid = a + b + c - lo - hi  # the three sorted: (lo, mid, hi)
     if num_vertices < 2_000_000:  # num_vertices**3 < 2**63: one int64 key per face
         n = np.int64(num_vertices)
-        keys = (key_rows[:, 0] * n + key_rows[:, 1]) * n + key_rows[:, 2]
+        keys = (lo * n + mid) * n + hi
+        sorted_keys = np.sort(keys)
+        if not (sorted_keys[1:] == sorted_keys[:-1]).any():  # the usual case: no duplicate at all
+            return np.ones(faces.shape[0], dtype=bool)
         _, first = np.unique(keys, return_index=True)
     else:
-        _, first = np.unique(key_rows, axis=0, return_index=True)
+        _, first = np.unique(np.stack([lo, mid, hi], axis=1), axis=0, return_index=True)
     keep = np.zeros(faces.shape[0], dtype=bool)
     keep[first] = True
     return keep
 
 
 def _vertex_components(faces: np.ndarray, num_vertices: int) -> tuple[int, np.ndarray]:
-    """Connected components of the vertices linked by face edges: (count, [V] int32 labels)."""
-    from scipy.sparse import coo_matrix
+    """Connected components of the vertices linked by face edges: (count, [V] int32 labels).
+
+    Labels are numbered in the order of each component's lowest vertex index. Two edges per face
+    (v0-v1, v1-v2) link its three vertices; the graph is searched as directed with weak connection,
+    which SciPy does without building the symmetrised graph.
+    """
+    from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import connected_components
 
-    rows = faces.reshape(-1)
-    cols = faces[:, [1, 2, 0]].reshape(-1)
-    graph = coo_matrix((np.ones(rows.shape[0], np.int8), (rows, cols)), shape=(num_vertices, num_vertices))
-    return connected_components(graph, directed=False)
+    rows = faces[:, :2].reshape(-1)
+    cols = faces[:, 1:].reshape(-1)
+    data = np.ones(rows.shape[0], np.int8)
+    graph = csr_matrix((data, (rows, cols)), shape=(num_vertices, num_vertices))
+    return connected_components(graph, directed=True, connection="weak")
 
 
-def cleanup_mesh_with_stats(mesh: Mesh, config: MeshConfig | None = None) -> tuple[Mesh, CleanupStats]:
-    """:func:`cleanup_mesh`, also returning what it did."""
+def cleanup_mesh_with_stats(
+    mesh: Mesh, config: MeshConfig | None = None, grid: GridVertices | None = None
+) -> tuple[Mesh, CleanupStats]:
+    """:func:`cleanup_mesh`, also returning what it did.
+
+    ``grid``: for a mesh straight from :func:`~microdreamer.mesh.marching.marching_cubes_on_grid`,
+    where its vertices lie on the grid; the merge step then searches only the vertices that can be
+    within the tolerance of another (:meth:`GridVertices.merge_candidates`; same result, ~20x faster).
+    """
     if config is None:
         from microdreamer.mesh import MeshConfig
 
@@ -96,19 +124,30 @@ def cleanup_mesh_with_stats(mesh: Mesh, config: MeshConfig | None = None) -> tup
         return Mesh.empty(), stats
 
     vertices, faces = mesh.vertices, mesh.faces
-    lo, hi = vertices.min(axis=0).astype(np.float64), vertices.max(axis=0).astype(np.float64)
+    # per column: NumPy's axis-0 reductions of an [V, 3] float32 array are ~10x slower
+    lo = np.array([vertices[:, a].min() for a in range(3)], np.float64)
+    hi = np.array([vertices[:, a].max() for a in range(3)], np.float64)
     tolerance = float(config.merge_tolerance) * float(np.linalg.norm(hi - lo))
-    remap = _merge_map(vertices, tolerance)
+    candidates = None
+    if grid is not None:
+        if grid.coords.shape[0] != mesh.num_vertices:
+            raise ValueError(f"grid has {grid.coords.shape[0]} vertices, the mesh {mesh.num_vertices}")
+        candidates = grid.merge_candidates(tolerance)
+    remap = _merge_map(vertices, tolerance, candidates)
     stats.vertices_merged = int(np.count_nonzero(remap != np.arange(remap.shape[0])))
-    faces = remap[faces]
+    if stats.vertices_merged:
+        faces = remap[faces]
 
+    # np.compress: row selection by a mask, several times faster than boolean indexing
     good = (faces[:, 0] != faces[:, 1]) & (faces[:, 1] != faces[:, 2]) & (faces[:, 2] != faces[:, 0])
-    stats.degenerate_faces = int(np.count_nonzero(~good))
-    faces = faces[good]
+    stats.degenerate_faces = int(faces.shape[0] - np.count_nonzero(good))
+    if stats.degenerate_faces:
+        faces = np.compress(good, faces, axis=0)
     if faces.shape[0]:
         unique = _first_unique_rows(faces, mesh.num_vertices)
-        stats.duplicate_faces = int(np.count_nonzero(~unique))
-        faces = faces[unique]
+        stats.duplicate_faces = int(faces.shape[0] - np.count_nonzero(unique))
+        if stats.duplicate_faces:
+            faces = np.compress(unique, faces, axis=0)
 
     if faces.shape[0]:
         _, labels = _vertex_components(faces, mesh.num_vertices)
@@ -122,7 +161,7 @@ def cleanup_mesh_with_stats(mesh: Mesh, config: MeshConfig | None = None) -> tup
         stats.components_removed = int(np.count_nonzero(removed))
         stats.faces_in_removed_components = int(counts[removed].sum())
         if stats.components_removed:
-            faces = faces[keep_label[face_label]]
+            faces = np.compress(keep_label[face_label], faces, axis=0)
 
     out = Mesh(vertices, faces, mesh.vertex_colors).subset_faces(slice(None))
     stats.vertices_out, stats.faces_out = out.num_vertices, out.num_faces

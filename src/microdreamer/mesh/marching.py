@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +18,82 @@ def _as_numpy(x, dtype) -> np.ndarray:
     if hasattr(x, "detach"):  # torch.Tensor, without importing torch here
         x = x.detach().cpu().numpy()
     return np.asarray(x, dtype=dtype)
+
+
+@dataclass
+class GridVertices:
+    """Where the vertices of a marching-cubes mesh lie on the sampling grid.
+
+    Scikit-image's marching cubes (Lewiner) puts each vertex either on a grid edge (the segment
+    between two neighbouring samples; then two of its grid coordinates are exact integers, stored
+    exactly in float32) or, for some ambiguous cube configurations, inside a cube (its centre vertex).
+    Two vertices on edges that share no sample are at least one grid step apart; two on edges that
+    share a sample can only be within ``tolerance`` of each other when both are within ``tolerance``
+    of that sample (orthogonal or collinear offsets). :meth:`merge_candidates` uses this to restrict
+    the merge search of :func:`~microdreamer.mesh.cleanup_mesh_with_stats` to a few vertices.
+
+    Attributes:
+        coords: [V, 3] float32 grid coordinates of the vertices (sample units, any integer offset).
+        spacing: [3] float64 world distance of one grid step per axis.
+        world_error: bound on the rounding of each world coordinate of the mesh's float32 vertices.
+    """
+
+    coords: np.ndarray
+    spacing: np.ndarray
+    world_error: float = 0.0
+
+    @classmethod
+    def empty(cls) -> GridVertices:
+        return cls(np.zeros((0, 3), np.float32), np.ones(3))
+
+    def merge_candidates(self, tolerance: float) -> np.ndarray | None:
+        """[V] bool: a superset of the vertices that lie within ``tolerance`` (world units, as the
+        mesh's float32 positions give it) of another vertex; None (search all) when the grid step is
+        too small for the argument (tolerance above a quarter of a step).
+
+        A vertex is a candidate when (a) it lies within the tolerance of a grid sample, or (b) it
+        shares its grid edge with another vertex, or (c) it is within one cell of a vertex that is not
+        on a grid edge (a cube's centre vertex). Proof that every close pair is caught: a pair with a
+        vertex not on an edge is caught by (c); two vertices on one edge by (b); on two edges sharing a
+        sample, both are within the tolerance of that sample, (a); on edges sharing none, they are at
+        least one grid step apart, more than the tolerance.
+        """
+        v = self.coords.shape[0]
+        if v == 0:
+            return np.zeros(0, dtype=bool)
+        # the tolerance in grid steps, widened by the rounding of both vertices' world positions
+        e = (float(tolerance) + 4.0 * self.world_error) / float(self.spacing.min())
+        if not e < 0.25:
+            return None
+        e32 = np.float32(e * (1.0 + 1e-6) + 1e-30)  # compared in float32: round up, never down
+        cols = [np.ascontiguousarray(self.coords[:, a]) for a in range(3)]
+        dist = [np.abs(c - np.rint(c)) for c in cols]  # distance to the nearest integer (exact)
+        integral = [d == 0 for d in dist]
+        n_integral = integral[0].view(np.uint8) + integral[1].view(np.uint8) + integral[2].view(np.uint8)
+        candidates = (dist[0] <= e32) & (dist[1] <= e32) & (dist[2] <= e32)  # (a) near a grid sample
+
+        on_edge = np.flatnonzero(n_integral == 2)  # two integral coordinates: inside one grid edge
+        if on_edge.size > 1:  # (b): key = (free axis, floor of the three coordinates)
+            cell = [np.floor(c[on_edge]).astype(np.int64) for c in cols]
+            size = max(int(c.max()) for c in cell) + 2  # coordinates are >= 0
+            axis = np.where(~integral[0][on_edge], 0, np.where(~integral[1][on_edge], 1, 2))
+            keys = ((axis * size + cell[0]) * size + cell[1]) * size + cell[2]
+            sk = np.sort(keys)
+            repeated = sk[1:][sk[1:] == sk[:-1]]
+            if repeated.size:  # rare: a vertex not made for this edge lies on it
+                candidates[on_edge[np.isin(keys, repeated)]] = True
+
+        inner = n_integral < 2  # (c) not on an edge: a cube's centre vertex
+        if inner.any():
+            cell = [np.floor(c).astype(np.int64) + 1 for c in cols]  # >= 1: coordinates are >= 0
+            occupied = np.zeros(tuple(int(c.max()) + 2 for c in cell), dtype=bool)
+            ci = [c[inner] for c in cell]
+            for dz in (-1, 0, 1):
+                for dy in (-1, 0, 1):
+                    for dx in (-1, 0, 1):
+                        occupied[ci[0] + dz, ci[1] + dy, ci[2] + dx] = True
+            candidates |= occupied[cell[0], cell[1], cell[2]]
+        return candidates
 
 
 def _close_boundary_pad(values: np.ndarray, threshold: float) -> np.ndarray:
@@ -73,6 +150,18 @@ def marching_cubes(
         decides whether either is an error). Where a sample equals the threshold exactly, marching
         cubes can emit faces with coincident corners; :func:`cleanup_mesh` merges and drops them.
     """
+    return marching_cubes_on_grid(values, threshold, origin, spacing, close_boundary)[0]
+
+
+def marching_cubes_on_grid(
+    values,
+    threshold: float,
+    origin,
+    spacing: float | Sequence[float],
+    close_boundary: bool = True,
+) -> tuple[Mesh, GridVertices]:
+    """:func:`marching_cubes`, also returning where its vertices lie on the grid (for
+    :func:`~microdreamer.mesh.cleanup_mesh_with_stats`'s fast merge search)."""
     from skimage import measure
 
     grid = _as_numpy(values, np.float32)
@@ -81,7 +170,7 @@ def marching_cubes(
     if not close_boundary and min(grid.shape) < 2:
         raise ValueError(f"values needs at least 2 samples per axis without close_boundary, got {grid.shape}")
     if grid.size == 0:
-        return Mesh.empty()
+        return Mesh.empty(), GridVertices.empty()
     if not np.isfinite(grid).all():
         raise ValueError("values contains NaN or infinite samples; the density field is broken")
     origin_np = _as_numpy(origin, np.float64).reshape(-1)
@@ -98,7 +187,7 @@ def marching_cubes(
     if n_inside == 0 or n_inside == grid.size:
         where = "below or at" if n_inside == 0 else "above"
         logger.info("marching cubes: every sample is %s the threshold %g; no surface", where, threshold)
-        return Mesh.empty()
+        return Mesh.empty(), GridVertices.empty()
 
     shape, offset = grid.shape, 0.0
     if close_boundary:
@@ -106,12 +195,14 @@ def marching_cubes(
         offset = 1.0
     verts, faces, _normals, _values = measure.marching_cubes(grid, level=threshold)
     if faces.shape[0] == 0:
-        return Mesh.empty()
+        return Mesh.empty(), GridVertices.empty()
     # scikit-image winds faces so that cross(v1 - v0, v2 - v0) points towards the larger values,
     # i.e. into our object (its returned normals point the other way). Swap two corners to turn
     # every face outward.
     faces = faces[:, [0, 2, 1]]
     world = (verts.astype(np.float64) - offset) * spacing_np + origin_np
     mesh = Mesh(world.astype(np.float32), faces.astype(np.int64))
+    # float32 rounding of the world positions: at most half an ulp, <= |x| 2^-24, per coordinate
+    world_error = float(np.abs(world).max()) * 2.0**-24
     logger.debug("marching cubes: grid %s -> %d vertices, %d faces", shape, mesh.num_vertices, mesh.num_faces)
-    return mesh
+    return mesh, GridVertices(verts, spacing_np.astype(np.float64), world_error)

@@ -93,16 +93,23 @@ class Mesh:
             raise ValueError("an empty mesh has no bounds")
         return np.stack([self.vertices.min(axis=0), self.vertices.max(axis=0)])
 
-    def subset_faces(self, keep: np.ndarray) -> Mesh:
-        """The mesh made of the faces selected by ``keep`` ([F] bool or integer indices), without the
-        vertices no remaining face uses. Face order is kept; vertex order is kept among survivors."""
-        faces = self.faces[keep]
+    def subset_faces(self, keep: np.ndarray | slice) -> Mesh:
+        """The mesh made of the faces selected by ``keep`` ([F] bool, integer indices or a slice),
+        without the vertices no remaining face uses. Face order is kept; vertex order is kept among
+        survivors."""
+        if isinstance(keep, np.ndarray) and keep.dtype == bool:
+            faces = np.compress(keep, self.faces, axis=0)  # faster than boolean indexing
+        else:
+            faces = self.faces[keep]
         used = np.zeros(self.num_vertices, dtype=bool)
         used[faces.ravel()] = True
+        if used.all():  # every vertex stays: same arrays
+            return Mesh(self.vertices, faces, self.vertex_colors, self.uv, self.texture)
         new_index = np.cumsum(used) - 1
-        colors = None if self.vertex_colors is None else self.vertex_colors[used]
-        uv = None if self.uv is None else self.uv[used]
-        return Mesh(self.vertices[used], new_index[faces], colors, uv, self.texture)
+        colors = None if self.vertex_colors is None else np.compress(used, self.vertex_colors, axis=0)
+        uv = None if self.uv is None else np.compress(used, self.uv, axis=0)
+        vertices = np.compress(used, self.vertices, axis=0)
+        return Mesh(vertices, new_index[faces], colors, uv, self.texture)
 
     def transformed(self, center: np.ndarray, scale: float) -> Mesh:
         """A copy with vertices mapped to ``(vertices - center) * scale`` (colours, UVs, texture kept)."""
