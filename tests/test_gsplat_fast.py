@@ -230,9 +230,11 @@ def test_gsplat_direct_matches_rasterization(case):
     (fast, gf), (ref, gr) = results
     # forward: the same kernels on the same inputs (degree 0's colour C0 * dc + 0.5 is the same float32
     # arithmetic as gsplat's SH kernel plus its +0.5): expected equal to the bit; 1e-6 leaves room
-    # for a few float32 ulps (values in [0, 1]) should a compiler contract differently
+    # for a few float32 ulps (values in [0, 1]) should a compiler contract differently. gsplat leaves
+    # means2d unwritten (uninitialised memory) where a Gaussian is culled: compared where drawn.
     assert torch.equal(fast.radii, ref.radii)
-    torch.testing.assert_close(fast.means2d, ref.means2d, rtol=0, atol=0)
+    drawn = (ref.radii > 0).all(-1)
+    assert torch.equal(fast.means2d[drawn], ref.means2d[drawn])
     torch.testing.assert_close(fast.rgb, ref.rgb, rtol=0, atol=1e-6)
     torch.testing.assert_close(fast.alpha, ref.alpha, rtol=0, atol=1e-6)
     if depth:
@@ -281,13 +283,15 @@ def test_trainer_steps_match_previous_gsplat_path():
     Tolerances. Step 1 starts from the same parameters and its gradients differ by float32
     rounding only (test above): losses to 1e-5, statistics to 1e-4 relative (counts and radii
     exactly), and Adam's first step (lr * sign(g)) the same except where a gradient is rounding
-    noise (< 0.1% of elements). Later steps: Adam moves every element by about lr whatever the size
-    of its gradient, so where a gradient is tiny (a faint or sub-pixel Gaussian's, 1e-9 against
-    1e-1) the rounding differences of the renders change its step by up to 2 lr: such elements may
-    differ by more than 1e-5 (checked: under 10% of each parameter, none more than 2.05 lr per
-    step), but by construction they barely touch the images, so the two splats' renders must
-    agree (mean 1e-5, max 1e-2). Measured on the CPU with gsplat's PyTorch reference functions:
-    renders within 2.4e-7, 2.4% of the quaternion elements past 1e-5.
+    noise (< 0.1% of elements; on the H200 the random ball's isotropic Gaussians, whose quaternion
+    gradients are pure rounding noise, took a different first step in 5.7% of quaternion elements,
+    hence the anisotropic scales here). Later steps: Adam moves an element by about lr whatever
+    the size of its gradient, so where a gradient is tiny (1e-9 against 1e-1) the rounding
+    differences of the renders can change its step by up to 2 lr: at most 1% of each parameter may
+    differ by more than 1e-5, none by more than 2.05 lr per step, and as such elements barely touch
+    the images, the two splats' renders must agree (mean 1e-5, max 1e-2). Measured on the CPU with
+    gsplat's PyTorch reference functions in place of its kernels (24^2 views, 300 Gaussians): no
+    element past 1e-5 after 4 steps, renders within 1.2e-7.
     """
     pytest.importorskip("gsplat")
     from microdreamer.render._gsplat import render_gsplat_rasterization
@@ -303,8 +307,11 @@ def test_trainer_steps_match_previous_gsplat_path():
     alpha_w = torch.zeros(C, device="cuda")
     alpha_w[-1] = 0.01
     start = random_ball_splat(5000, seed=8, device="cuda")
-    g = torch.Generator().manual_seed(9)  # random rotations and colours: no gradient exactly zero by symmetry
+    # random rotations, colours and anisotropic scales: no gradient zero by symmetry (the ball's
+    # Gaussians are isotropic, so their quaternion gradients would be rounding noise only)
+    g = torch.Generator().manual_seed(9)
     start.quats = torch.randn(5000, 4, generator=g).cuda()
+    start.log_scales = start.log_scales + 0.3 * torch.randn(5000, 3, generator=g).cuda()
     start.sh_dc = torch.randn(5000, 3, generator=g).cuda()
     start.opacity_logits = torch.randn(5000, generator=g).cuda()
     cfg = TrainConfig(backend="gsplat")
@@ -337,7 +344,7 @@ def test_trainer_steps_match_previous_gsplat_path():
     for grp in ref.optimizer.param_groups:
         k = grp["name"]
         d = (new.params[k] - ref.params[k]).abs()
-        assert (d > 1e-5).float().mean() < 0.1, (k, (d > 1e-5).float().mean().item())
+        assert (d > 1e-5).float().mean() < 0.01, (k, (d > 1e-5).float().mean().item())
         assert d.max() <= bound[k], (k, d.max().item(), bound[k])
     with torch.no_grad():
         ra = render(new.splat, cams, background=white, backend="gsplat", depth=False)
