@@ -57,8 +57,9 @@ class RenderOutput:
         depth: [C, H, W, 1] expected camera-space z normalised by alpha (gsplat's "ED" mode:
             ``sum w_i z_i / max(alpha, 1e-10)``); 0 where nothing is drawn. None when rendered
             with ``depth=False``.
-        means2d: [C, N, 2] projected centres in pixels. With ``retain_means2d_grad=True`` its
-            ``.grad`` holds the view-space gradient after ``backward()`` (for densification).
+        means2d: [C, N, 2] projected centres in pixels; undefined where ``radii`` is 0 (gsplat
+            leaves culled entries unwritten). With ``retain_means2d_grad=True`` its ``.grad`` holds
+            the view-space gradient after ``backward()`` (for densification; 0 where culled).
         radii: [C, N, 2] int32 bounding-box half-widths in pixels; 0 where a Gaussian is culled.
     """
 
