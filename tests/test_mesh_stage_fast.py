@@ -251,3 +251,30 @@ def test_subset_faces_by_mask_indices_and_slice():
         np.testing.assert_array_equal(sub.vertices[sub.faces], mesh.vertices[mesh.faces[mask]])
     full = mesh.subset_faces(slice(None))  # vertices 8, 9 are unused
     assert full.num_vertices == len(np.unique(mesh.faces)) and full.num_faces == 12
+
+
+# ---------------------------------------------------------------------------------------------------
+# marching cubes: the mask of straddling cubes
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("threshold", [1.0, 0.1, 1.0 / 3.0])
+def test_straddling_cube_mask_leaves_marching_cubes_unchanged(seed, threshold):
+    from skimage import measure
+
+    from microdreamer.mesh.marching import _straddling_cubes
+
+    values, _, _ = field_case(200 + seed)
+    values = (values - 1.0 + threshold).astype(np.float32)
+    # samples at the float32 threshold and its float32 neighbours: the side must be decided in
+    # float64 as scikit-image does (float32(0.1) > 0.1, float32(1/3) > 1/3 in float64)
+    g = np.random.default_rng(seed)
+    t32 = np.float32(threshold)
+    near = np.array([np.nextafter(t32, np.float32(0)), t32, np.nextafter(t32, np.float32(2))], np.float32)
+    pick = g.random(values.shape) < 0.2
+    values[pick] = g.choice(near, int(pick.sum()))
+    plain = measure.marching_cubes(values, level=threshold)
+    masked = measure.marching_cubes(values, level=threshold, mask=_straddling_cubes(values, threshold))
+    for a, b in zip(plain, masked, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len(plain[1]) > 100

@@ -96,6 +96,23 @@ class GridVertices:
         return candidates
 
 
+def _straddling_cubes(grid: np.ndarray, threshold: float) -> np.ndarray:
+    """[R0, R1, R2] bool, scikit-image's ``mask`` for :func:`skimage.measure.marching_cubes`: True at
+    ``[i+1, j+1, k+1]`` when the cube with lowest corner ``[i, j, k]`` has corners on both sides of
+    ``threshold`` (scikit-image tests a cube's mask at its highest corner). The sides are decided as
+    scikit-image decides them: ``value - threshold > 0`` in float64."""
+    above = grid > np.float64(threshold)  # a float64 scalar: compared in float64, not float32
+    any_above = above[:-1] | above[1:]
+    any_above = any_above[:, :-1] | any_above[:, 1:]
+    any_above = any_above[:, :, :-1] | any_above[:, :, 1:]
+    all_above = above[:-1] & above[1:]
+    all_above = all_above[:, :-1] & all_above[:, 1:]
+    all_above = all_above[:, :, :-1] & all_above[:, :, 1:]
+    mask = np.zeros(grid.shape, dtype=bool)
+    np.greater(any_above, all_above, out=mask[1:, 1:, 1:])  # any and not all
+    return mask
+
+
 def _close_boundary_pad(values: np.ndarray, threshold: float) -> np.ndarray:
     """[R0+2, R1+2, R2+2] float32: ``values`` with one extra layer of samples on every side, all below
     ``threshold``.
@@ -193,7 +210,10 @@ def marching_cubes_on_grid(
     if close_boundary:
         grid = _close_boundary_pad(grid, threshold)
         offset = 1.0
-    verts, faces, _normals, _values = measure.marching_cubes(grid, level=threshold)
+    # only the cubes whose corners straddle the level can hold triangles; scikit-image's mask skips
+    # the others without changing the output (same vertices and faces in the same order), ~1.5x faster
+    mask = _straddling_cubes(grid, threshold)
+    verts, faces, _normals, _values = measure.marching_cubes(grid, level=threshold, mask=mask)
     if faces.shape[0] == 0:
         return Mesh.empty(), GridVertices.empty()
     # scikit-image winds faces so that cross(v1 - v0, v2 - v0) points towards the larger values,
