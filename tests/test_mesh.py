@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -357,8 +358,14 @@ def test_export_failure_leaves_no_partial_file(tmp_path, monkeypatch, suffix):
             f.write(b"half a mesh")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(trimesh.Trimesh, "export", export_then_fail)
+    def write_half_then_fail(self, data):
+        with open(self, "wb") as f:
+            f.write(data[: len(data) // 2])
+        raise RuntimeError("disk full")
+
     (tmp_path / f"keep{suffix}").write_bytes(b"old")  # an existing file is not touched either
+    monkeypatch.setattr(trimesh.Trimesh, "export", export_then_fail)  # .ply, .obj: written by trimesh
+    monkeypatch.setattr(Path, "write_bytes", write_half_then_fail)  # .glb: written directly
     with pytest.raises(RuntimeError, match="disk full"):
         save_mesh(colored_sphere(), tmp_path / f"out{suffix}")
     assert os.listdir(tmp_path) == [f"keep{suffix}"]

@@ -278,3 +278,73 @@ def test_straddling_cube_mask_leaves_marching_cubes_unchanged(seed, threshold):
     for a, b in zip(plain, masked, strict=True):
         np.testing.assert_array_equal(a, b)
     assert len(plain[1]) > 100
+
+
+# ---------------------------------------------------------------------------------------------------
+# GLB export written directly, against trimesh's exporter
+
+
+def glb_chunks(data: bytes) -> tuple[dict, bytes]:
+    """(JSON document, BIN chunk) of a GLB, checking the container layout of the glTF 2.0 spec."""
+    import json
+    import struct
+
+    magic, version, total = struct.unpack("<4sII", data[:12])
+    assert (magic, version, total) == (b"glTF", 2, len(data))
+    json_len, json_type = struct.unpack("<I4s", data[12:20])
+    assert json_type == b"JSON" and json_len % 4 == 0
+    doc = json.loads(data[20 : 20 + json_len])
+    bin_len, bin_type = struct.unpack("<I4s", data[20 + json_len : 28 + json_len])
+    assert bin_type == b"BIN\x00" and bin_len % 4 == 0 and 28 + json_len + bin_len == len(data)
+    blob = data[28 + json_len :]
+    assert doc["buffers"] == [{"byteLength": bin_len}]
+    for view in doc["bufferViews"]:
+        assert view["byteOffset"] % 4 == 0 and view["byteOffset"] + view["byteLength"] <= bin_len
+    sizes = {5126: 4, 5125: 4, 5121: 1}
+    widths = {"SCALAR": 1, "VEC2": 2, "VEC3": 3, "VEC4": 4}
+    for acc in doc["accessors"]:
+        need = acc["count"] * sizes[acc["componentType"]] * widths[acc["type"]]
+        assert need <= doc["bufferViews"][acc["bufferView"]]["byteLength"]
+    return doc, blob
+
+
+def textured_random_mesh(seed: int, height: int = 37, width: int = 53) -> Mesh:
+    g = np.random.default_rng(seed)
+    v = g.normal(size=(50, 3))
+    faces = np.stack([g.permutation(50)[:3] for _ in range(80)])
+    uv = g.random((50, 2))
+    texture = g.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return Mesh(v, faces, None, uv, texture)
+
+
+@pytest.mark.parametrize("kind", ["textured", "coloured", "plain"])
+def test_glb_bytes_match_trimesh_export(tmp_path, kind):
+    import trimesh
+
+    from microdreamer.mesh.export import glb_bytes
+
+    g = np.random.default_rng(7)
+    mesh = textured_random_mesh(7)
+    if kind == "coloured":
+        mesh = Mesh(mesh.vertices, mesh.faces, g.random((mesh.num_vertices, 3)))
+    elif kind == "plain":
+        mesh = Mesh(mesh.vertices, mesh.faces)
+    ours = glb_bytes(mesh)
+    doc, _ = glb_chunks(ours)
+    position = doc["accessors"][doc["meshes"][0]["primitives"][0]["attributes"]["POSITION"]]
+    np.testing.assert_array_equal(position["min"], mesh.vertices.min(axis=0))
+    np.testing.assert_array_equal(position["max"], mesh.vertices.max(axis=0))
+    (tmp_path / "ours.glb").write_bytes(ours)
+    mesh.to_trimesh().export(file_obj=str(tmp_path / "trimesh.glb"), file_type="glb")  # the reference
+    a, b = (trimesh.load(tmp_path / f"{n}.glb", process=False, force="mesh") for n in ("ours", "trimesh"))
+    np.testing.assert_array_equal(a.vertices, b.vertices)
+    np.testing.assert_array_equal(a.faces, b.faces)
+    assert a.visual.kind == b.visual.kind
+    if kind == "textured":
+        np.testing.assert_array_equal(a.visual.uv, b.visual.uv)
+        image = np.asarray(a.visual.material.baseColorTexture.convert("RGB"))
+        np.testing.assert_array_equal(image, mesh.texture)  # PNG: lossless
+        np.testing.assert_array_equal(image, np.asarray(b.visual.material.baseColorTexture.convert("RGB")))
+        assert a.visual.material.metallicFactor == 0.0 and a.visual.material.roughnessFactor == 1.0
+    elif kind == "coloured":
+        np.testing.assert_array_equal(a.visual.vertex_colors, b.visual.vertex_colors)
