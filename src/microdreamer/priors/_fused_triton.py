@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows_per_split", "split"])
 def _moments(x_ptr, part_ptr, L, C, rows_per_split, split, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
     """Grid (B, split): per channel, the sums of x - x[position 0] and of its square over rows
     [s * rows_per_split, (s + 1) * rows_per_split) of sample b -> part [B, split, 2, C] float32."""
@@ -30,9 +30,9 @@ def _moments(x_ptr, part_ptr, L, C, rows_per_split, split, BLOCK_L: tl.constexpr
     tl.store(out + C + cols, tl.sum(acc2, axis=0), mask=cmask)
 
 
-@triton.jit
-def _finalize(x_ptr, cb_ptr, part_ptr, stats_ptr, L, C, G, cpg, split, eps, HAS_CB: tl.constexpr,
-              BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["G", "cpg", "split", "has_cb"])
+def _finalize(x_ptr, cb_ptr, part_ptr, stats_ptr, L, C, G, cpg, split, eps, has_cb, BLOCK_S: tl.constexpr,
+              BLOCK_J: tl.constexpr):  # fmt: skip
     """Grid (B, G): group g's mean and 1 / sqrt(var + eps) -> stats [B, 2, G] float32, from the
     channels' partial sums (Chan's combination of per-channel means and squared deviations)."""
     b = tl.program_id(0)
@@ -53,7 +53,7 @@ def _finalize(x_ptr, cb_ptr, part_ptr, stats_ptr, L, C, G, cpg, split, eps, HAS_
     n = L * 1.0
     # the moments kernel's shift: x at position 0 (the channel bias cancels out of x + cb - shift)
     mean_c = tl.load(x_ptr + b.to(tl.int64) * L * C + c, mask=jmask, other=0.0).to(tl.float32)
-    if HAS_CB:
+    if has_cb:
         mean_c += tl.load(cb_ptr + b * C + c, mask=jmask, other=0.0).to(tl.float32)
     mean_c += t1 / n
     m2_c = tl.maximum(t2 - t1 * (t1 / n), 0.0)  # per channel: sum of squared deviations
@@ -66,10 +66,9 @@ def _finalize(x_ptr, cb_ptr, part_ptr, stats_ptr, L, C, G, cpg, split, eps, HAS_
     tl.store(stats_ptr + (b * 2 + 1) * G + g, 1.0 / tl.sqrt(var + eps))
 
 
-@triton.jit
-def _apply(x_ptr, cb_ptr, stats_ptr, w_ptr, bias_ptr, y_ptr, L, C, G, cpg, HAS_CB: tl.constexpr,
-           HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, BLOCK_L: tl.constexpr,
-           BLOCK_C: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["G", "cpg", "has_cb", "has_w", "has_b", "silu"])
+def _apply(x_ptr, cb_ptr, stats_ptr, w_ptr, bias_ptr, y_ptr, L, C, G, cpg, has_cb, has_w, has_b, silu,
+           BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
     """Grid (B, cdiv(L, BLOCK_L)): y = act((x + cb - mean_g) * rstd_g * w + bias)."""
     b = tl.program_id(0)
     pid = tl.program_id(1)
@@ -78,20 +77,18 @@ def _apply(x_ptr, cb_ptr, stats_ptr, w_ptr, bias_ptr, y_ptr, L, C, G, cpg, HAS_C
     group = cols // cpg
     mean = tl.load(stats_ptr + (b * 2) * G + group, mask=cmask, other=0.0)
     rstd = tl.load(stats_ptr + (b * 2 + 1) * G + group, mask=cmask, other=0.0)
-    scale = rstd
-    if HAS_W:
-        scale = scale * tl.load(w_ptr + cols, mask=cmask, other=1.0).to(tl.float32)
-    shift = -mean * scale
-    if HAS_CB:
-        shift += tl.load(cb_ptr + b * C + cols, mask=cmask, other=0.0).to(tl.float32) * scale
-    if HAS_B:
-        shift += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    # the flags are runtime values (one compiled kernel per block shape, not per combination)
+    # (flag 0: cols < 0 masks every load off)
+    scale = rstd * tl.load(w_ptr + cols, mask=cols < C * has_w, other=1.0).to(tl.float32)
+    cbias = tl.load(cb_ptr + b * C + cols, mask=cols < C * has_cb, other=0.0).to(tl.float32)
+    beta = tl.load(bias_ptr + cols, mask=cols < C * has_b, other=0.0).to(tl.float32)
+    shift = (cbias - mean) * scale + beta
     rows = pid * BLOCK_L + tl.arange(0, BLOCK_L)
     m = (rows[:, None] < L) & cmask[None, :]
     off = b.to(tl.int64) * L * C + rows[:, None].to(tl.int64) * C + cols[None, :]
     v = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
     out = v * scale[None, :] + shift[None, :]
-    if SILU:
+    if silu != 0:
         out = out / (1.0 + tl.exp(-out))
     tl.store(y_ptr + off, out.to(y_ptr.dtype.element_ty), mask=m)
 

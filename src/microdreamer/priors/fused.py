@@ -128,8 +128,9 @@ def group_norm(
     rows_per_split = triton.cdiv(triton.cdiv(L, split), BLOCK_L) * BLOCK_L
     split = triton.cdiv(L, rows_per_split)
     cpg = C // G
-    BLOCK_J = triton.next_power_of_2(cpg)
-    BLOCK_S = max(1, min(triton.next_power_of_2(split), 1024 // BLOCK_J))
+    # one finalize kernel for every group size up to 128 channels (fewer compiled variants)
+    BLOCK_J = max(128, triton.next_power_of_2(cpg))
+    BLOCK_S = 8
     dev = x.device
     partial = torch.empty(B, split, 2, C, device=dev, dtype=torch.float32)
     stats = torch.empty(B, 2, G, device=dev, dtype=torch.float32)
@@ -141,11 +142,11 @@ def group_norm(
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     _moments[(B, split)](x, partial, L, C, rows_per_split, split, BLOCK_L=BLOCK_L, BLOCK_C=BLOCK_C)
-    _finalize[(B, G)](x, cb, partial, stats, L, C, G, cpg, split, eps, HAS_CB=has_cb, BLOCK_S=BLOCK_S,
+    _finalize[(B, G)](x, cb, partial, stats, L, C, G, cpg, split, eps, int(has_cb), BLOCK_S=BLOCK_S,
                       BLOCK_J=BLOCK_J)  # fmt: skip
-    _apply[(B, triton.cdiv(L, BLOCK_L))](x, cb, stats, w, b, y, L, C, G, cpg, HAS_CB=has_cb,
-                                         HAS_W=weight is not None, HAS_B=bias is not None,
-                                         SILU=activation == "silu", BLOCK_L=BLOCK_L, BLOCK_C=BLOCK_C)  # fmt: skip
+    _apply[(B, triton.cdiv(L, BLOCK_L))](x, cb, stats, w, b, y, L, C, G, cpg, int(has_cb), int(weight is not None),
+                                         int(bias is not None), int(activation == "silu"), BLOCK_L=BLOCK_L,
+                                         BLOCK_C=BLOCK_C)  # fmt: skip
     return y
 
 
