@@ -206,6 +206,12 @@ __global__ void fill_bounded_kernel(const FillArgs a, int64_t capacity) {
 // 8 * NCH accumulators in registers; warps own 8 x 4 column footprints
 // ---------------------------------------------------------------------------------------------
 
+// Q2 = (l11 x + l12 y)^2 + (l22 y)^2 in float32
+__device__ __forceinline__ float q2_at(float l11, float l12, float l22, float x, float y) {
+  const float u1 = fmaf(l11, x, l12 * y), u2 = l22 * y;
+  return fmaf(u1, u1, u2 * u2);
+}
+
 // Can Gaussian s touch the warp footprint [fi0, fi0 + 8) x [fj0, fj0 + 4) x [k0, k0 + TZ)?
 // Conservative: its voxel box, then (exact mode) the minimum of Q2 over the footprint's xy rectangle.
 template <bool EXACT, int TZ>
@@ -228,15 +234,13 @@ __device__ __forceinline__ bool cull(const float4* s, int fi0, int fj0, int k0, 
   for (int e = 0; e < 2; ++e) {
     const float x = e ? x1 : x0;
     const float y = fminf(fmaxf(-s12 * x / s22, y0), y1);
-    const float u1 = fmaf(l11, x, l12 * y), u2 = l22 * y;
-    best = fminf(best, fmaf(u1, u1, u2 * u2));
+    best = fminf(best, q2_at(l11, l12, l22, x, y));
   }
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const float y = e ? y1 : y0;
     const float x = fminf(fmaxf(-s12 * y / s11, x0), x1);
-    const float u1 = fmaf(l11, x, l12 * y), u2 = l22 * y;
-    best = fminf(best, fmaf(u1, u1, u2 * u2));
+    best = fminf(best, q2_at(l11, l12, l22, x, y));
   }
   return best <= cutoff_sq * 1.001f + 1e-3f;
 }
@@ -279,6 +283,26 @@ __device__ __forceinline__ void process_precise(const float4* s, const FastArgs&
   }
 }
 
+// Exact mode, float32 classes: does chunk c of the tile (voxels kc = k0 + 8 c .. kc + 7) reach the
+// Gaussian's cutoff in some lane's column? Its z range, then q at the chunk's z nearest to the column's
+// centre (1e-4 relative slack). t0: z - zc at the chunk's first voxel (set when the z ranges overlap).
+__device__ __forceinline__ bool chunk_reached(const float* zk, int c, int k0, int loz, int hiz, float muz, float m,
+                                              float A, float q2, float cutoff_sq, float& t0) {
+  const int kc = k0 + 8 * c;
+  if (kc > hiz || kc + 7 < loz) return false;
+  t0 = (zk[8 * c] - muz) - m;
+  const float t7 = (zk[8 * c + 7] - muz) - m;
+  const float tc = fmaxf(t0, fminf(t7, 0.f));
+  return __any_sync(kFull, fmaf(A * tc, tc, q2) <= cutoff_sq * 1.0001f);
+}
+
+// Exact mode, float32 classes: does a chunk whose z - zc spans [t0, t7] in the lane's column reach the
+// cutoff in some lane of the warp? q at the z nearest to the column's centre, 1e-4 relative slack.
+__device__ __forceinline__ bool chunk_reached(float t0, float t7, float A, float q2, float cutoff_sq) {
+  const float tc = fmaxf(t0, fminf(t7, 0.f));
+  return __any_sync(kFull, fmaf(A * tc, tc, q2) <= cutoff_sq * 1.0001f);
+}
+
 template <int NCH, bool EXACT>
 __device__ __forceinline__ void process(const float4* s, const FastArgs& a, int i, int j, int k0, float xi, float yj,
                                         const float* zk, const float (&h1)[NCH], float (&acc)[8 * NCH]) {
@@ -306,8 +330,7 @@ __device__ __forceinline__ void process(const float4* s, const FastArgs& a, int 
       const int kc = k0 + 8 * c;
       if (kc > hiz || kc + 7 < loz) continue;
       const float t0 = (zk[8 * c] - muz) - m, t7 = (zk[8 * c + 7] - muz) - m;
-      const float tc = fmaxf(t0, fminf(t7, 0.f));
-      if (!__any_sync(kFull, fmaf(A * tc, tc, q2) <= a.cutoff_sq * 1.0001f)) continue;
+      if (!chunk_reached(t0, t7, A, q2, a.cutoff_sq)) continue;
       float v = ex2(fmaf(nka * t0, t0, lc));
       float r = ex2(fminf(nka * h1[c] * fmaf(2.f, t0, h1[c]), 64.f));
 #pragma unroll
@@ -326,8 +349,7 @@ __device__ __forceinline__ void process(const float4* s, const FastArgs& a, int 
       const int kc = k0 + 8 * c;
       if (kc > hiz || kc + 7 < loz) continue;
       const float t0 = (zk[8 * c] - muz) - m, t7 = (zk[8 * c + 7] - muz) - m;
-      const float tc = fmaxf(t0, fminf(t7, 0.f));
-      if (!__any_sync(kFull, fmaf(A * tc, tc, q2) <= a.cutoff_sq * 1.0001f)) continue;
+      if (!chunk_reached(t0, t7, A, q2, a.cutoff_sq)) continue;
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         const float t = (zk[8 * c + jj] - muz) - m;
@@ -414,63 +436,113 @@ __device__ __forceinline__ void process_pair_recur(const float4* sa, const float
   }
 }
 
-template <int NCH, bool EXACT>
-__global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
-  constexpr int TZ = 8 * NCH;
-  __shared__ float4 s_par[256 * 5];
-  const int tile = a.tile0 + blockIdx.x;
+// One warp's part of a tile: the 8 x 4 columns [fi0, fi0 + 8) x [fj0, fj0 + 4), z from k0; the lane's column (i, j).
+struct WarpFootprint {
+  int lane, fi0, fj0, i, j, k0;
+};
+
+template <int TZ>
+__device__ __forceinline__ WarpFootprint warp_footprint(const FastArgs& a, int tile) {
   const int tx = tile % a.ntx, rest = tile / a.ntx;
   const int ty = rest % a.nty, tz = rest / a.nty;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int fi0 = tx * kTileXY + (warp & 1) * 8;
   const int fj0 = ty * kTileXY + (warp >> 1) * 4;
-  const int i = fi0 + (lane & 7), j = fj0 + (lane >> 3);
-  const int k0 = tz * TZ;
-  const int r = a.resolution;
-  const float xi = a.axis[i], yj = a.axis[j];
-  const float fx0 = a.axis[fi0], fx1 = a.axis[fi0 + 7], fy0 = a.axis[fj0], fy1 = a.axis[fj0 + 3];
-  float zk[TZ], acc[TZ], h1[NCH];
-#pragma unroll
-  for (int kk = 0; kk < TZ; ++kk) {
-    zk[kk] = a.axis[k0 + kk];
-    acc[kk] = 0.f;
-  }
-#pragma unroll
-  for (int c = 0; c < NCH; ++c) h1[c] = zk[8 * c + 1] - zk[8 * c];
-  const int64_t start = (tile == 0 ? 0 : a.tile_end[tile - 1]) - a.base;
-  const int64_t end = a.tile_end[tile] - a.base;
+  return {lane, fi0, fj0, fi0 + (lane & 7), fj0 + (lane >> 3), tz * TZ};
+}
+
+// Grid coordinates of the lane's column (xi, yj) and of the footprint's xy corners (for cull()).
+struct FootprintCoords {
+  float xi, yj, fx0, fx1, fy0, fy1;
+};
+
+__device__ __forceinline__ FootprintCoords footprint_coords(const FastArgs& a, const WarpFootprint& f) {
+  return {a.axis[f.i], a.axis[f.j], a.axis[f.fi0], a.axis[f.fi0 + 7], a.axis[f.fj0], a.axis[f.fj0 + 3]};
+}
+
+// The tiled kernels' loop over a tile's Gaussians: list entries [start, end) (entry e is Gaussian e itself
+// when scan_all) are staged 256 at a time in s_par (5 float4 per Gaussian); each warp culls them 32 at a
+// time against its footprint and adds the survivors, in list order, to the lane's column acc. PAIR (exact
+// mode, variant 3): two kRecur survivors in a row are evaluated together by process_pair_recur().
+// zk: the tile's 8 * NCH z coordinates (registers or shared memory), h1: the first spacing of each chunk.
+template <int NCH, bool EXACT, bool PAIR>
+__device__ __forceinline__ void accumulate_tile(const FastArgs& a, float4* s_par, int64_t start, int64_t end,
+                                                bool scan_all, const WarpFootprint& f, const FootprintCoords& c,
+                                                const float* zk, const float (&h1)[NCH], float (&acc)[8 * NCH]) {
   const float4* params = reinterpret_cast<const float4*>(a.params);
   for (int64_t b = start; b < end; b += 256) {
     const int nb = static_cast<int>(min(static_cast<int64_t>(256), end - b));
     __syncthreads();
     if (static_cast<int>(threadIdx.x) < nb) {
-      const int64_t g = a.list[b + threadIdx.x];
+      const int64_t e = b + threadIdx.x;
+      const int64_t g = scan_all ? e : a.list[e];
 #pragma unroll
       for (int q = 0; q < 5; ++q) s_par[threadIdx.x * 5 + q] = __ldg(params + g * 5 + q);
     }
     __syncthreads();
     for (int sb = 0; sb < nb; sb += 32) {
-      const int gl = sb + lane;
-      const bool pass = gl < nb && cull<EXACT, TZ>(s_par + gl * 5, fi0, fj0, k0, fx0, fx1, fy0, fy1, a.cutoff_sq);
+      const int gl = sb + f.lane;
+      const bool pass = gl < nb && cull<EXACT, 8 * NCH>(s_par + gl * 5, f.fi0, f.fj0, f.k0, c.fx0, c.fx1, c.fy0,
+                                                        c.fy1, a.cutoff_sq);
       unsigned mask = __ballot_sync(kFull, pass);
       while (mask) {
         const int bit = __ffs(mask) - 1;
         mask &= mask - 1;
-        process<NCH, EXACT>(s_par + (sb + bit) * 5, a, i, j, k0, xi, yj, zk, h1, acc);
+        if (PAIR && EXACT && mask) {
+          const int bit2 = __ffs(mask) - 1;
+          const float4* sa = s_par + (sb + bit) * 5;
+          const float4* sb2 = s_par + (sb + bit2) * 5;
+          if (__float_as_int(sa[3].x) == kRecur && __float_as_int(sb2[3].x) == kRecur) {
+            mask &= mask - 1;
+            process_pair_recur<NCH>(sa, sb2, a, c.xi, c.yj, f.k0, zk, h1, acc);
+            continue;
+          }
+        }
+        process<NCH, EXACT>(s_par + (sb + bit) * 5, a, f.i, f.j, f.k0, c.xi, c.yj, zk, h1, acc);
       }
     }
   }
-  if (i < r && j < r) {
-    float* dst = a.out + (static_cast<int64_t>(i) * r + j) * r + k0;
-    if (a.out_aligned && k0 + TZ <= r && (r & 3) == 0) {
+}
+
+// Writes one column of a tile, its TZ values from dst on: vector stores when vec (16-byte aligned, the whole
+// column inside the grid), else one store per voxel with k0 + kk < r.
+template <int TZ>
+__device__ __forceinline__ void store_column(float* dst, bool vec, int k0, int r, const float (&acc)[TZ]) {
+  if (vec) {
 #pragma unroll
-      for (int kk = 0; kk < TZ; kk += 4)
-        *reinterpret_cast<float4*>(dst + kk) = make_float4(acc[kk], acc[kk + 1], acc[kk + 2], acc[kk + 3]);
-    } else {
+    for (int kk = 0; kk < TZ; kk += 4)
+      *reinterpret_cast<float4*>(dst + kk) = make_float4(acc[kk], acc[kk + 1], acc[kk + 2], acc[kk + 3]);
+  } else {
 #pragma unroll
-      for (int kk = 0; kk < TZ; ++kk)
-        if (k0 + kk < r) dst[kk] = acc[kk];
-    }
+    for (int kk = 0; kk < TZ; ++kk)
+      if (k0 + kk < r) dst[kk] = acc[kk];
+  }
+}
+
+// v1: the tile's list is the slice [tile_end[tile - 1], tile_end[tile]) - base of this launch's list (sized
+// on the host); the tile's z coordinates in registers.
+template <int NCH, bool EXACT>
+__global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
+  constexpr int TZ = 8 * NCH;
+  __shared__ float4 s_par[256 * 5];
+  const int tile = a.tile0 + blockIdx.x;
+  const WarpFootprint f = warp_footprint<TZ>(a, tile);
+  const FootprintCoords c = footprint_coords(a, f);
+  float zk[TZ], acc[TZ], h1[NCH];
+#pragma unroll
+  for (int kk = 0; kk < TZ; ++kk) {
+    zk[kk] = a.axis[f.k0 + kk];
+    acc[kk] = 0.f;
+  }
+#pragma unroll
+  for (int ch = 0; ch < NCH; ++ch) h1[ch] = zk[8 * ch + 1] - zk[8 * ch];
+  const int64_t start = (tile == 0 ? 0 : a.tile_end[tile - 1]) - a.base;
+  const int64_t end = a.tile_end[tile] - a.base;
+  accumulate_tile<NCH, EXACT, false>(a, s_par, start, end, false, f, c, zk, h1, acc);
+  const int r = a.resolution;
+  if (f.i < r && f.j < r) {
+    float* dst = a.out + (static_cast<int64_t>(f.i) * r + f.j) * r + f.k0;
+    store_column<TZ>(dst, a.out_aligned && f.k0 + TZ <= r && (r & 3) == 0, f.k0, r, acc);
   }
 }
 
@@ -484,14 +556,7 @@ __global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, in
   __shared__ float4 s_par[256 * 5];
   __shared__ float s_z[TZ];
   const int tile = blockIdx.x;
-  const int tx = tile % a.ntx, rest = tile / a.ntx;
-  const int ty = rest % a.nty, tz = rest / a.nty;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int fi0 = tx * kTileXY + (warp & 1) * 8;
-  const int fj0 = ty * kTileXY + (warp >> 1) * 4;
-  const int i = fi0 + (lane & 7), j = fj0 + (lane >> 3);
-  const int k0 = tz * TZ;
-  const int r = a.resolution;
+  const WarpFootprint f = warp_footprint<TZ>(a, tile);
   int64_t start = tile == 0 ? 0 : a.tile_end[tile - 1];
   int64_t end = a.tile_end[tile];
   const bool scan_all = end > capacity;
@@ -499,63 +564,24 @@ __global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, in
     start = 0;
     end = n;
   }
-  float* dst = a.out + (static_cast<int64_t>(i) * r + j) * r + k0;
-  const bool vec = a.out_aligned && k0 + TZ <= r && (r & 3) == 0;
+  const int r = a.resolution;
+  // computed here, not at the store as in fast_kernel: this is the form ptxas fits under the register cap
+  // (moving it gives spills in some instantiations)
+  float* dst = a.out + (static_cast<int64_t>(f.i) * r + f.j) * r + f.k0;
+  const bool vec = a.out_aligned && f.k0 + TZ <= r && (r & 3) == 0;
   float acc[TZ];
 #pragma unroll
   for (int kk = 0; kk < TZ; ++kk) acc[kk] = 0.f;
   if (start < end) {
-    if (threadIdx.x < TZ) s_z[threadIdx.x] = a.axis[k0 + threadIdx.x];
-    const float xi = a.axis[i], yj = a.axis[j];
-    const float fx0 = a.axis[fi0], fx1 = a.axis[fi0 + 7], fy0 = a.axis[fj0], fy1 = a.axis[fj0 + 3];
-    const float4* params = reinterpret_cast<const float4*>(a.params);
+    if (threadIdx.x < TZ) s_z[threadIdx.x] = a.axis[f.k0 + threadIdx.x];
+    const FootprintCoords c = footprint_coords(a, f);
     __syncthreads();
     float h1[NCH];
 #pragma unroll
-    for (int c = 0; c < NCH; ++c) h1[c] = s_z[8 * c + 1] - s_z[8 * c];
-    for (int64_t b = start; b < end; b += 256) {
-      const int nb = static_cast<int>(min(static_cast<int64_t>(256), end - b));
-      __syncthreads();
-      if (static_cast<int>(threadIdx.x) < nb) {
-        const int64_t e = b + threadIdx.x;
-        const int64_t g = scan_all ? e : a.list[e];
-#pragma unroll
-        for (int q = 0; q < 5; ++q) s_par[threadIdx.x * 5 + q] = __ldg(params + g * 5 + q);
-      }
-      __syncthreads();
-      for (int sb = 0; sb < nb; sb += 32) {
-        const int gl = sb + lane;
-        const bool pass = gl < nb && cull<EXACT, TZ>(s_par + gl * 5, fi0, fj0, k0, fx0, fx1, fy0, fy1, a.cutoff_sq);
-        unsigned mask = __ballot_sync(kFull, pass);
-        while (mask) {
-          const int bit = __ffs(mask) - 1;
-          mask &= mask - 1;
-          if (PAIR && EXACT && mask) {
-            const int bit2 = __ffs(mask) - 1;
-            const float4* sa = s_par + (sb + bit) * 5;
-            const float4* sb2 = s_par + (sb + bit2) * 5;
-            if (__float_as_int(sa[3].x) == kRecur && __float_as_int(sb2[3].x) == kRecur) {
-              mask &= mask - 1;
-              process_pair_recur<NCH>(sa, sb2, a, xi, yj, k0, s_z, h1, acc);
-              continue;
-            }
-          }
-          process<NCH, EXACT>(s_par + (sb + bit) * 5, a, i, j, k0, xi, yj, s_z, h1, acc);
-        }
-      }
-    }
+    for (int ch = 0; ch < NCH; ++ch) h1[ch] = s_z[8 * ch + 1] - s_z[8 * ch];
+    accumulate_tile<NCH, EXACT, PAIR>(a, s_par, start, end, scan_all, f, c, s_z, h1, acc);
   }
-  if (i < r && j < r) {
-    if (vec) {
-#pragma unroll
-      for (int kk = 0; kk < TZ; kk += 4)
-        *reinterpret_cast<float4*>(dst + kk) = make_float4(acc[kk], acc[kk + 1], acc[kk + 2], acc[kk + 3]);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < TZ; ++kk)
-        if (k0 + kk < r) dst[kk] = acc[kk];
-    }
-  }
+  if (f.i < r && f.j < r) store_column<TZ>(dst, vec, f.k0, r, acc);
 }
 
 // ---------------------------------------------------------------------------------------------
