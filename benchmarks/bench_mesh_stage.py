@@ -4,21 +4,24 @@
                                           [--json benchmarks/results/mesh_stage_cpu.json --label after]
 
 The steps and settings are generate's (``MeshConfig()``, ``generate_texture_config()``: 10k-face cap,
-512^2 atlas, padding 2, xatlas without chart refinement): ``extract_mesh`` (marching cubes + cleanup of
-the 128^3 field), ``unwrap`` (decimation to 10k faces + xatlas), and ``save_mesh`` of the textured mesh
-as GLB. The GPU steps between unwrap and export (texel sampling, bake renders, rasterisation) are not
+512^2 atlas, padding 2, xatlas without chart refinement), each timed on its own as ``extract_mesh``
+and ``unwrap`` call them: marching cubes and cleanup of the 128^3 field (= ``extract_mesh``),
+decimation to 10k faces and xatlas (= ``unwrap``), and ``save_mesh`` of the textured mesh as GLB.
+The GPU steps between unwrap and export (texel sampling, bake renders, rasterisation) are not
 timed; the texture the export writes is baked once, untimed, from the splat's colour field
 (``bake_field``), so that the PNG holds realistic content.
 
 Workloads: ``noisy`` (``tests/test_mesh_stage_fast.py::noisy_splat``: 35k Gaussians like the
 random-weight model's output, ~155k marching-cubes faces in ~750 pieces) and ``ghost`` (the sample
 splat ``../shared/samples/splats/dg_ghost_amd_17k.ply``; skipped when absent). Each step runs once
-to warm up, then ``--repeats`` times; the table gives medians of wall-clock seconds (the sub-steps'
-seconds are the stage's own ``stats["seconds"]``).
+to warm up, then ``--repeats`` times; the table gives the minimum and the median of the wall-clock
+seconds; the JSON also has the CPU seconds of the process per step (``cpu_seconds_*``). On a shared
+machine the minimum and the CPU seconds are the steadier figures: other processes only add time.
 
 With ``--json FILE --label NAME`` the results are stored under ``runs[NAME]`` of FILE (other labels
 already there are kept, e.g. ``before`` and ``after``), with the command, the git commit and the
-hardware; the table then also shows the other labels' medians.
+hardware; the table then also shows the other labels' figures. To time older code, run this script
+with ``PYTHONPATH`` pointing at that code's ``src`` (it uses ``marching_cubes_on_grid`` where present).
 """
 
 from __future__ import annotations
@@ -79,10 +82,17 @@ def baked_texture(layout, splat, size: int, device: torch.device) -> np.ndarray:
     return fill_texture(samples, colors, seen)[0]
 
 
+def timed(fn, *args, **kwargs):
+    """(result, wall seconds, CPU seconds of this process) of one call."""
+    c, t = time.process_time(), time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t, time.process_time() - c
+
+
 def run_workload(name: str, repeats: int, device: torch.device, tmp: Path) -> dict | None:
+    import microdreamer.mesh as mesh_stage
     from microdreamer.field import FieldConfig, density_field
     from microdreamer.generate import generate_texture_config
-    from microdreamer.mesh import MeshConfig, extract_mesh, save_mesh
     from microdreamer.texture import unwrap
 
     splat = build_splat(name)
@@ -91,47 +101,53 @@ def run_workload(name: str, repeats: int, device: torch.device, tmp: Path) -> di
         return None
     fld = density_field(splat, FieldConfig(), device=device)
     values, origin, spacing = fld.values.cpu().numpy(), fld.grid.origin, fld.grid.spacing
-    mesh_config, tex = MeshConfig(), generate_texture_config()
+    config, tex = mesh_stage.MeshConfig(), generate_texture_config()
 
-    samples: dict[str, list[float]] = {k: [] for k, _ in STEPS}
-    cpu: dict[str, list[float]] = {"extract_mesh": [], "unwrap": [], "export_glb": []}
+    # the steps as extract_mesh and unwrap run them (the grid-restricted merge search where the code
+    # has it), each timed on its own
+    on_grid = getattr(mesh_stage, "marching_cubes_on_grid", None)
+
+    def marching_cubes():
+        if on_grid is None:
+            return mesh_stage.marching_cubes(
+                values, config.threshold, origin, spacing, config.close_boundary
+            ), None
+        return on_grid(values, config.threshold, origin, spacing, config.close_boundary)
+
+    def cleanup(mesh, grid):
+        if grid is None:
+            return mesh_stage.cleanup_mesh_with_stats(mesh, config)
+        return mesh_stage.cleanup_mesh_with_stats(mesh, config, grid)
+
+    wall: dict[str, list[float]] = {k: [] for k, _ in STEPS}
+    cpu: dict[str, list[float]] = {k: [] for k, _ in STEPS}
     texture = None
     for rep in range(repeats + 1):
-        c0, t0 = time.process_time(), time.perf_counter()
-        mesh, mstats = extract_mesh(values, origin, spacing, mesh_config)
-        c1, t1 = time.process_time(), time.perf_counter()
-        layout = unwrap(mesh, tex.max_faces, tex.size, tex.padding, tex.chart_iterations)
-        c2, t2 = time.process_time(), time.perf_counter()
+        row = {}
+        (mesh, grid), *row["marching_cubes"] = timed(marching_cubes)
+        (mesh, cstats), *row["cleanup"] = timed(cleanup, mesh, grid)
+        small, *row["decimate"] = timed(mesh_stage.decimate, mesh, tex.max_faces)
+        layout, *row["xatlas"] = timed(unwrap, small, None, tex.size, tex.padding, tex.chart_iterations)
         if texture is None:
             texture = baked_texture(layout, splat, tex.size, device)
         textured = layout.with_texture(texture)
-        c3, t3 = time.process_time(), time.perf_counter()
-        save_mesh(textured, tmp / f"{name}.glb")
-        c4, t4 = time.process_time(), time.perf_counter()
+        _, *row["export_glb"] = timed(mesh_stage.save_mesh, textured, tmp / f"{name}.glb")
         if rep == 0:
             continue  # warm-up
-        s = mstats["seconds"]
-        row = {
-            "marching_cubes": s["marching_cubes"],
-            "cleanup": s["cleanup"],
-            "extract_mesh": t1 - t0,
-            "decimate": layout.stats["seconds"]["decimate"],
-            "xatlas": layout.stats["seconds"]["xatlas"],
-            "unwrap": t2 - t1,
-            "export_glb": t4 - t3,
-        }
-        row["total"] = row["extract_mesh"] + row["unwrap"] + row["export_glb"]
-        for k, v in row.items():
-            samples[k].append(v)
-        for k, v in (("extract_mesh", c1 - c0), ("unwrap", c2 - c1), ("export_glb", c4 - c3)):
-            cpu[k].append(v)
+        for i, acc in ((0, wall), (1, cpu)):
+            r = {k: v[i] for k, v in row.items()}
+            r["extract_mesh"] = r["marching_cubes"] + r["cleanup"]
+            r["unwrap"] = r["decimate"] + r["xatlas"]
+            r["total"] = r["extract_mesh"] + r["unwrap"] + r["export_glb"]
+            for k, v in r.items():
+                acc[k].append(v)
     counts = {
         "gaussians": len(splat),
-        "faces_marching_cubes": mstats["faces_marching_cubes"],
-        "faces_after_cleanup": mstats["faces_after_cleanup"],
-        "components": mstats["components"],
-        "components_removed": mstats["components_removed"],
-        "vertices_after_cleanup": mstats["vertices"],
+        "faces_marching_cubes": cstats.faces_in,
+        "faces_after_cleanup": cstats.faces_out,
+        "components": cstats.components,
+        "components_removed": cstats.components_removed,
+        "vertices_after_cleanup": cstats.vertices_out,
         "faces_unwrapped": layout.stats["faces"],
         "vertices_unwrapped": layout.stats["vertices"],
         "charts": layout.stats["charts"],
@@ -140,10 +156,11 @@ def run_workload(name: str, repeats: int, device: torch.device, tmp: Path) -> di
     }
     return {
         "counts": counts,
-        "seconds_median": {k: statistics.median(v) for k, v in samples.items()},
-        "seconds_min": {k: min(v) for k, v in samples.items()},
+        "seconds_median": {k: statistics.median(v) for k, v in wall.items()},
+        "seconds_min": {k: min(v) for k, v in wall.items()},
         "cpu_seconds_median": {k: statistics.median(v) for k, v in cpu.items()},
-        "seconds_all": samples,
+        "cpu_seconds_min": {k: min(v) for k, v in cpu.items()},
+        "seconds_all": wall,
     }
 
 
@@ -165,6 +182,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where the (untimed) field and texture bake run")
     ap.add_argument("--json", type=Path, default=None, help="store the results in this JSON file")
     ap.add_argument("--label", default="run", help="key of this run under runs[] in the JSON file")
+    ap.add_argument("--note", default=None, help="free text stored with the run (e.g. which code ran)")
     args = ap.parse_args()
     names = [w for w in args.workloads.split(",") if w]
     unknown = sorted(set(names) - set(WORKLOADS))
@@ -182,8 +200,9 @@ def main() -> None:
     run = {
         "command": "python " + " ".join(sys.argv),
         "commit": git_commit(),
-        "hardware": hardware(load_average_at_start=load_before),
+        "hardware": hardware(load_average_at_start=load_before),  # its load_average: at the end
         "repeats": args.repeats,
+        "note": args.note,
         "workloads": results,
     }
     doc = {}
@@ -199,10 +218,13 @@ def main() -> None:
     for name in results:
         print(f"\n{name}: {json.dumps(results[name]['counts'])}")
         cols = [lb for lb in labels if name in doc["runs"][lb]["workloads"]]
-        print(f"{'step (median wall s)':<30}" + "".join(f"{lb:>12}" for lb in cols))
+        print(f"{'step: wall s, min (median)':<30}" + "".join(f"{lb:>22}" for lb in cols))
         for key, what in STEPS:
-            vals = [doc["runs"][lb]["workloads"][name]["seconds_median"][key] for lb in cols]
-            print(f"{what:<30}" + "".join(f"{v:>12.4f}" for v in vals))
+            cells = []
+            for lb in cols:
+                w = doc["runs"][lb]["workloads"][name]
+                cells.append(f"{w['seconds_min'][key]:.4f} ({w['seconds_median'][key]:.4f})")
+            print(f"{what:<30}" + "".join(f"{c:>22}" for c in cells))
     if args.json is not None:
         print(f"wrote {args.json}")
 
