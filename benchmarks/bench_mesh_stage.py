@@ -164,6 +164,32 @@ def run_workload(name: str, repeats: int, device: torch.device, tmp: Path) -> di
     }
 
 
+def summarise(runs: dict) -> dict:
+    """Per workload and step: the minimum and median wall seconds of every ``before*`` and ``after*``
+    run pooled (the best of all repetitions, the median of the per-run medians), and after - before."""
+    out = {}
+    names = sorted({w for r in runs.values() for w in r["workloads"]})
+    for name in names:
+        pools = {}
+        for side in ("before", "after"):
+            rs = [
+                r["workloads"][name]
+                for lb, r in runs.items()
+                if lb.startswith(side) and name in r["workloads"]
+            ]
+            if rs:
+                pools[side] = {k: (min(r["seconds_min"][k] for r in rs),
+                                   statistics.median(r["seconds_median"][k] for r in rs)) for k, _ in STEPS}  # fmt: skip
+        if len(pools) == 2:
+            out[name] = {k: {"before_min": round(pools["before"][k][0], 4), "after_min": round(pools["after"][k][0], 4),
+                             "before_median": round(pools["before"][k][1], 4),
+                             "after_median": round(pools["after"][k][1], 4),
+                             "saved_min": round(pools["before"][k][0] - pools["after"][k][0], 4),
+                             "saved_median": round(pools["before"][k][1] - pools["after"][k][1], 4)}
+                         for k, _ in STEPS}  # fmt: skip
+    return out
+
+
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -210,6 +236,7 @@ def main() -> None:
         doc = json.loads(args.json.read_text())
     doc.setdefault("benchmark", __doc__.splitlines()[0])
     doc.setdefault("runs", {})[args.label] = run
+    doc["summary"] = summarise(doc["runs"])
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1) + "\n")

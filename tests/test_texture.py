@@ -493,3 +493,12 @@ def test_orbit_helpers_agree_with_cameras_module():
     ours = centred_orbit_cameras([10.0], [30.0], torch.zeros(3), radius, 49.1, 32, 1.0)
     ref = orbit_cameras([10.0], [30.0], 2.0, 49.1, 32, 32)
     np.testing.assert_allclose(ours.viewmats.numpy(), ref.viewmats.numpy(), atol=1e-5)
+
+
+def test_unwrap_reports_the_atlas_size_xatlas_packed_for():
+    layout = unwrap(sphere_mesh(3), None, 256, 2, 0)
+    stats = layout.stats
+    assert stats["atlas_width"] > 0 and stats["atlas_height"] > 0
+    # the UVs span the packed atlas: the outermost chart texels reach (nearly) its far edges
+    span = layout.uv.max(axis=0) - layout.uv.min(axis=0)
+    assert (span > 0.9).all()

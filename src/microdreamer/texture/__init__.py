@@ -119,8 +119,8 @@ class TextureResult:
 
     Attributes:
         mesh: the textured mesh (``uv`` and ``texture`` set), or the input mesh for mode ``"none"``.
-        stats: ``mode``, ``size``, the unwrap stats (``faces_in``, ``faces``, ``charts``,
-            ``utilization``), the fill counts (``texels_covered``, ``texels_seen``,
+        stats: ``mode``, ``size``, the unwrap stats (``faces_in``, ``faces``, ``vertices``, ``charts``,
+            ``utilization``, ``atlas_width``, ``atlas_height``), the fill counts (``texels_covered``, ``texels_seen``,
             ``texels_filled_3d``, ``texels_dilated``), optional ``refine`` stats, and ``seconds``
             per step (``decimate``, ``unwrap``, ``texels``, ``render``, ``rasterize``, ``project`` or
             ``field``, ``fill``, ``refine``).

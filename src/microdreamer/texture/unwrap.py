@@ -29,7 +29,10 @@ class UVLayout:
         uv: [V', 2] float32 in [0, 1], the :class:`~microdreamer.mesh.Mesh` convention (u right, v up).
         source_vertex: [V'] int64, the input vertex (of the possibly decimated mesh) each vertex copies.
         stats: ``faces_in``, ``faces`` (after the cap), ``charts``, ``utilization`` (fraction of the
-            atlas the charts cover), ``seconds`` {``decimate``, ``xatlas``}.
+            atlas the charts cover), ``atlas_width``, ``atlas_height`` (the size in texels xatlas
+            packed for; the UVs are scaled to [0, 1], so when it exceeds ``texture_size`` the charts
+            and their padding shrink by ``texture_size / atlas_width`` in the texture), ``seconds``
+            {``decimate``, ``xatlas``}.
     """
 
     mesh: Mesh
@@ -102,6 +105,8 @@ def unwrap(
         "vertices": out.num_vertices,
         "charts": int(atlas.chart_count),
         "utilization": float(atlas.utilization),
+        "atlas_width": int(atlas.width),
+        "atlas_height": int(atlas.height),
         "seconds": {"decimate": t_decimate, "xatlas": t_xatlas},
     }
     logger.info(
