@@ -348,3 +348,11 @@ def test_glb_bytes_match_trimesh_export(tmp_path, kind):
         assert a.visual.material.metallicFactor == 0.0 and a.visual.material.roughnessFactor == 1.0
     elif kind == "coloured":
         np.testing.assert_array_equal(a.visual.vertex_colors, b.visual.vertex_colors)
+
+
+def test_merge_candidates_do_not_depend_on_an_integer_offset():
+    values, origin, spacing = field_case(7)
+    mesh, grid = marching_cubes_on_grid(values, 1.0, origin, spacing)
+    shifted = GridVertices(grid.coords - np.float32(40.0), grid.spacing, grid.world_error)
+    for tolerance in (0.0, 0.1 * spacing.min()):
+        np.testing.assert_array_equal(shifted.merge_candidates(tolerance), grid.merge_candidates(tolerance))

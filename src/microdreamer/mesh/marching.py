@@ -33,7 +33,7 @@ class GridVertices:
     the merge search of :func:`~microdreamer.mesh.cleanup_mesh_with_stats` to a few vertices.
 
     Attributes:
-        coords: [V, 3] float32 grid coordinates of the vertices (sample units, any integer offset).
+        coords: [V, 3] float32 grid coordinates of the vertices (sample units; any integer offset).
         spacing: [3] float64 world distance of one grid step per axis.
         world_error: bound on the rounding of each world coordinate of the mesh's float32 vertices.
     """
@@ -67,6 +67,10 @@ class GridVertices:
             return None
         e32 = np.float32(e * (1.0 + 1e-6) + 1e-30)  # compared in float32: round up, never down
         cols = [np.ascontiguousarray(self.coords[:, a]) for a in range(3)]
+        for a, c in enumerate(cols):  # shift by whole steps (exact) so that coordinates are >= 0
+            low = np.floor(c.min())
+            if low < 0:
+                cols[a] = c - low
         dist = [np.abs(c - np.rint(c)) for c in cols]  # distance to the nearest integer (exact)
         integral = [d == 0 for d in dist]
         n_integral = integral[0].view(np.uint8) + integral[1].view(np.uint8) + integral[2].view(np.uint8)
