@@ -93,7 +93,7 @@ def test_geglu_reference_is_diffusers_geglu():
     pytest.importorskip("diffusers", reason="diffusers' GEGLU")
     from diffusers.models.activations import GEGLU
 
-    from microdreamer.priors.fused import fuse_group_norms
+    from microdreamer.priors.fused import fuse_ops
 
     m = GEGLU(6, 5).eval()
     x = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(0))
@@ -101,9 +101,9 @@ def test_geglu_reference_is_diffusers_geglu():
         want = m(x)
         assert torch.equal(geglu_reference(m.proj(x)), want)
         wrapper = torch.nn.Sequential(m)
-        assert fuse_group_norms(wrapper) == 1 and "forward" in vars(m)
+        assert fuse_ops(wrapper) == 1 and "forward" in vars(m)
         torch.testing.assert_close(m(x), want, rtol=0, atol=0)  # CPU: the reference path
-        fuse_group_norms(wrapper, enable=False)
+        fuse_ops(wrapper, enable=False)
         assert "forward" not in vars(m)
 
 
@@ -192,25 +192,25 @@ def _outputs(nets, device, dtype, memory_format):
 
 
 def _patched_vs_plain(device, dtype, tol):
-    from microdreamer.priors.fused import FusedGroupNorm, fuse_group_norms
+    from microdreamer.priors.fused import FusedGroupNorm, fuse_ops
 
     nets = _tiny_nets().to(device, dtype)
     fmt = torch.channels_last
     for net in (nets.unet, nets.vae):
         net.to(memory_format=fmt)
     plain = _outputs(nets, device, dtype, fmt)
-    counts = [fuse_group_norms(net) for net in (nets.unet, nets.vae)]
+    counts = [fuse_ops(net) for net in (nets.unet, nets.vae)]
     assert all(c > 0 for c in counts)
     assert any(type(m) is FusedGroupNorm for m in nets.vae.modules())
     assert any("forward" in vars(m) for m in nets.unet.modules() if type(m).__name__ == "ResnetBlock2D")
     assert any("forward" in vars(m) for m in nets.unet.modules() if type(m).__name__ == "GEGLU")
-    assert fuse_group_norms(nets.unet) == 0  # idempotent
+    assert fuse_ops(nets.unet) == 0  # idempotent
     fused = _outputs(nets, device, dtype, fmt)
     for a, b in zip(fused, plain, strict=True):
         err = float((a - b).norm() / b.norm())
         assert err < tol, err
     for net in (nets.unet, nets.vae):
-        fuse_group_norms(net, enable=False)
+        fuse_ops(net, enable=False)
     assert not any(type(m) is FusedGroupNorm for m in nets.modules())
     assert not any("forward" in vars(m) for m in nets.modules())
     back = _outputs(nets, device, dtype, fmt)

@@ -1,5 +1,5 @@
 """Fused operations of the Zero123 networks as Triton kernels, and the patch that puts them into
-diffusers' UNet and VAE (:func:`fuse_group_norms`): group normalisation (optionally with a
+diffusers' UNet and VAE (:func:`fuse_ops`): group normalisation (optionally with a
 per-sample channel bias added first and SiLU after) for channels-last CUDA tensors, and GEGLU.
 
 Why: the Zero123 UNet runs channels-last (NHWC: its convolutions are faster so), but PyTorch's
@@ -29,14 +29,11 @@ kernels do not take (CPU tensors, other layouts, no Triton) goes there.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import types
 
 import torch
 import torch.nn.functional as F
-
-logger = logging.getLogger(__name__)
 
 ACTIVATIONS = (None, "silu")
 _MOMENT_PROGRAMS = 1024  # programs of the moments kernel (all samples; ~8 per SM of an H200)
@@ -227,7 +224,7 @@ def _fusable_resnet(m) -> bool:
     )
 
 
-def fuse_group_norms(model: torch.nn.Module, enable: bool = True) -> int:
+def fuse_ops(model: torch.nn.Module, enable: bool = True) -> int:
     """Route a diffusers UNet's or VAE's group norms through :func:`group_norm` and its GEGLU gates
     through :func:`geglu` (``enable``), or back to PyTorch's (``enable=False``); idempotent both
     ways. Outputs are unchanged up to rounding.
