@@ -77,3 +77,93 @@ def time_ms(fn, warmup: int = 1, reps: int = 10) -> list[float]:
             fn()
             times.append(1e3 * (time.perf_counter() - t))
     return times
+
+
+# ------------------------------------------------------------------------------ kernel tables, SIR step
+KINDS = (  # (kind, substrings of the kernel name), first match wins
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("gemm/conv", ("gemm", "conv", "cutlass", "xmma", "sm90_", "cudnn", "implicit", "wgmma", "nvjet")),
+    ("norm", ("norm", "welford", "reduce")),
+    ("copy", ("copy", "memcpy", "memset", "cat", "transpose")),
+)
+
+
+def kind_of(name: str) -> str:
+    """The :data:`KINDS` group of a CUDA kernel's name ("elementwise/other" when none matches)."""
+    low = name.lower()
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "elementwise/other"
+
+
+def kernel_table(fn, reps: int = 3) -> dict:
+    """Kernels of ``fn()`` under torch.profiler (per call): count, summed time, by kind, top 15."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = float(getattr(e, "self_device_time_total", 0.0))
+        if us > 0 and e.device_type == DeviceType.CUDA:
+            rows.append((us / reps, e.count / reps, e.key))
+    rows.sort(reverse=True)
+    by_kind: dict[str, list[float]] = {}
+    for us, n, name in rows:
+        k = by_kind.setdefault(kind_of(name), [0.0, 0.0])
+        k[0] += us / 1000
+        k[1] += n
+    return {
+        "kernels_per_call": sum(n for _, n, _ in rows),
+        "kernel_ms_per_call": sum(us for us, _, _ in rows) / 1000,
+        "by_kind_ms_count": {
+            k: [round(v[0], 4), v[1]] for k, v in sorted(by_kind.items(), key=lambda x: -x[1][0])
+        },
+        "top": [[round(us / 1000, 4), n, name[:110]] for us, n, name in rows[:15]],
+    }
+
+
+def sir_training_step(splat, sir_config, iteration: int = 150):
+    """(step, trainer): a function taking one SIR training step (C + 1 views at the config's size,
+    random RGBA targets, white background, RGB weight 1 / C on every view, no alpha term) on ``splat``
+    (on its device), with
+    the trainer's iteration held at ``iteration`` (inside the densification window, between
+    densifications: statistics are gathered, nothing is densified)."""
+    from microdreamer.priors.base import OrbitViews, even_orbit_views
+    from microdreamer.train import GaussianTrainer
+
+    sc = sir_config
+    S, C, device = sc.image_size, sc.views, splat.device
+    trainer = GaussianTrainer(splat, sc.train)
+    gen = torch.Generator().manual_seed(0)
+    views = even_orbit_views(C, 0.0, sc.elevation_range, sc.radius, gen)
+    ref = OrbitViews([0.0], [0.0], [sc.radius])
+    cams = OrbitViews.cat([views, ref]).cameras(sc.fovy_deg, S, S).to(device)
+    tgt = torch.rand(C + 1, S, S, 4, device=device)
+    white = torch.ones(3, device=device)
+    rgb_w = torch.full((C + 1,), 1.0 / C, device=device)
+    alpha_w = torch.zeros(C + 1, device=device)
+
+    def step() -> None:
+        trainer.iteration = iteration - 1
+        trainer.step(tgt, cams, background=white, rgb_weights=rgb_w, alpha_weights=alpha_w)
+
+    return step, trainer
+
+
+def step_wall_ms(step, steps: int = 20, warmup: int = 5) -> float:
+    """Mean wall-clock ms of ``step()`` over ``steps`` calls after ``warmup`` (CUDA synchronised)."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1000 / steps

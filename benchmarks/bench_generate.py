@@ -42,7 +42,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import hardware, time_ms  # benchmarks/ is on sys.path when run as a script
+from _common import (  # benchmarks/ on sys.path
+    hardware,
+    kernel_table,
+    sir_training_step,
+    step_wall_ms,
+    time_ms,
+)
 from microdreamer.generate import GenerateConfig, generate
 
 
@@ -232,60 +238,18 @@ def profile_training_step(
     by the CPU (Python, launches, host syncs)."""
     if device.type != "cuda":
         return {}
-    from microdreamer.priors.base import OrbitViews, even_orbit_views
     from microdreamer.splat import read_ply
-    from microdreamer.train import GaussianTrainer
 
-    sc = cfg.sir
-    S, C = sc.image_size, sc.views
     splat = read_ply(splat_path).to(device)
-    trainer = GaussianTrainer(splat, sc.train)
-    trainer.iteration = 150  # a step that gathers densification statistics, as SIR's steps 1-300 do
-    gen = torch.Generator().manual_seed(0)
-    views = even_orbit_views(C, 0.0, sc.elevation_range, sc.radius, gen)
-    cams = (
-        OrbitViews.cat([views, OrbitViews([0.0], [0.0], [sc.radius])]).cameras(sc.fovy_deg, S, S).to(device)
-    )
-    tgt = torch.rand(C + 1, S, S, 4, device=device)
-    white = torch.ones(3, device=device)
-    rgb_w = torch.full((C + 1,), 1.0 / C, device=device)
-    alpha_w = torch.zeros(C + 1, device=device)
-
-    def step() -> None:
-        trainer.step(tgt, cams, background=white, rgb_weights=rgb_w, alpha_weights=alpha_w)
-
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    wall_ms = (time.perf_counter() - t) * 1000 / steps
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    events = prof.key_averages()
-
-    def dev_us(e) -> float:
-        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)))
-
-    from torch.autograd import DeviceType
-
-    # only the kernel (and memcpy/memset) rows: an operator's row repeats its kernels' device time
-    kernels = sorted(
-        ((dev_us(e), e.key) for e in events if dev_us(e) > 0 and e.device_type == DeviceType.CUDA),
-        reverse=True,
-    )
+    step, _ = sir_training_step(splat, cfg.sir)
+    wall_ms = step_wall_ms(step, steps)
+    kt = kernel_table(step, reps=steps)
     return {
         "num_gaussians": len(splat),
-        "views": C + 1,
+        "views": cfg.sir.views + 1,
         "step_wall_ms": wall_ms,
-        "step_gpu_kernels_ms": sum(k for k, _ in kernels) / 1000 / steps,
-        "top_kernels_ms_per_step": {name[:80]: us / 1000 / steps for us, name in kernels[:10]},
+        "step_gpu_kernels_ms": kt["kernel_ms_per_call"],
+        "top_kernels_ms_per_step": {name[:80]: ms for ms, _, name in kt["top"][:10]},
     }
 
 

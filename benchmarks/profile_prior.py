@@ -30,54 +30,13 @@ from pathlib import Path
 
 import torch
 
-from _common import hardware, time_ms  # benchmarks/ is on sys.path when run as a script
-
-KINDS = (  # (kind, substrings of the kernel name), first match wins
-    ("attention", ("flash", "fmha", "attention", "sdpa")),
-    ("gemm/conv", ("gemm", "conv", "cutlass", "xmma", "sm90_", "cudnn", "implicit", "wgmma", "nvjet")),
-    ("norm", ("norm", "welford", "reduce")),
-    ("copy", ("copy", "memcpy", "memset", "cat", "transpose")),
+from _common import (  # benchmarks/ on sys.path
+    hardware,
+    kernel_table,
+    sir_training_step,
+    step_wall_ms,
+    time_ms,
 )
-
-
-def kind_of(name: str) -> str:
-    low = name.lower()
-    for kind, keys in KINDS:
-        if any(k in low for k in keys):
-            return kind
-    return "elementwise/other"
-
-
-def kernel_table(fn, reps: int = 3) -> dict:
-    """Kernels of ``fn()`` under torch.profiler (per call): count, summed time, by kind, top 15."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        us = float(getattr(e, "self_device_time_total", 0.0))
-        if us > 0 and e.device_type == DeviceType.CUDA:
-            rows.append((us / reps, e.count / reps, e.key))
-    rows.sort(reverse=True)
-    by_kind: dict[str, list[float]] = {}
-    for us, n, name in rows:
-        k = by_kind.setdefault(kind_of(name), [0.0, 0.0])
-        k[0] += us / 1000
-        k[1] += n
-    return {
-        "kernels_per_call": sum(n for _, n, _ in rows),
-        "kernel_ms_per_call": sum(us for us, _, _ in rows) / 1000,
-        "by_kind_ms_count": {
-            k: [round(v[0], 4), v[1]] for k, v in sorted(by_kind.items(), key=lambda x: -x[1][0])
-        },
-        "top": [[round(us / 1000, 4), n, name[:110]] for us, n, name in rows[:15]],
-    }
 
 
 def graphed(fn):
@@ -150,38 +109,15 @@ def compile_parts(prior, calls: dict, mode: str) -> dict:
 
 
 def profile_train(device: torch.device, C: int, steps: int = 30) -> dict:
-    """Wall ms of a SIR training step vs its GPU kernels, and the host's top functions (cProfile)."""
-    from microdreamer.priors.base import OrbitViews, even_orbit_views
+    """Wall ms of a SIR training step vs its GPU kernels, and the host's top functions (cProfile), on a
+    35k-Gaussian random ball."""
     from microdreamer.sir import SIRConfig
-    from microdreamer.train import GaussianTrainer, random_ball_splat
+    from microdreamer.train import random_ball_splat
 
-    sc = SIRConfig()
-    S = sc.image_size
+    sc = SIRConfig(views=C)
     splat = random_ball_splat(35_000, 0.5, sc.train.sh_degree, 0.1, 0, device)
-    trainer = GaussianTrainer(splat, sc.train)
-    trainer.iteration = 150  # inside the densification window, between densifications
-    gen = torch.Generator().manual_seed(0)
-    views = even_orbit_views(C, 0.0, sc.elevation_range, sc.radius, gen)
-    cams = (
-        OrbitViews.cat([views, OrbitViews([0.0], [0.0], [sc.radius])]).cameras(sc.fovy_deg, S, S).to(device)
-    )
-    tgt = torch.rand(C + 1, S, S, 4, device=device)
-    white = torch.ones(3, device=device)
-    rgb_w = torch.full((C + 1,), 1.0 / C, device=device)
-    alpha_w = torch.zeros(C + 1, device=device)
-
-    def step() -> None:
-        trainer.step(tgt, cams, background=white, rgb_weights=rgb_w, alpha_weights=alpha_w)
-        trainer.iteration = 150
-
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    wall_ms = (time.perf_counter() - t) * 1000 / steps
+    step, trainer = sir_training_step(splat, sc)
+    wall_ms = step_wall_ms(step, steps)
     kt = kernel_table(step, reps=steps)
     pr = cProfile.Profile()
     pr.enable()
