@@ -585,6 +585,203 @@ __global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, in
 }
 
 // ---------------------------------------------------------------------------------------------
+// tile kernel ("fast" variant 4, exact mode): one block of kTileWarps warps per 16 x 16 x TZ tile, the
+// field accumulated in shared memory. Each warp stages the tile's Gaussians 32 at a time and takes them
+// one by one, one lane per column of the Gaussian's cutoff box inside the tile; the lane walks only its
+// column's cutoff interval along z (found analytically, widened by a voxel, every term then tested exactly
+// as in process()), so no slot outside a Gaussian's cutoff is evaluated and nothing goes through global
+// atomics. Each warp adds into its own copy of the tile with plain loads and stores (shared-memory float
+// atomics compile to compare-and-swap loops on sm_90: a version with them ran 4-5x slower than
+// variant 2, NOTES_fields.md); the block sums the copies and writes the tile once.
+// ---------------------------------------------------------------------------------------------
+
+constexpr int kTilePitch = kTileXY * kTileXY;  // one z-slice of a tile copy, layout [k][i][j]
+constexpr int kTileWarps = 4;
+
+template <int TZ>
+constexpr int tile_smem_bytes() {
+  return kTileWarps * 32 * 5 * 16 + (TZ + 8) * 4 + kTileWarps * TZ * kTilePitch * 4;
+}
+
+// Float-to-int of a voxel coordinate, clamped first (huge or NaN bounds of thin Gaussians stay harmless).
+__device__ __forceinline__ int clamped_floor(float x) {
+  return static_cast<int>(floorf(fminf(fmaxf(x, -1e6f), 1e6f)));
+}
+
+// Adds the Gaussian's terms in the column (xi, yj), z voxels [za, zb] of the tile starting at k0, to the
+// warp's tile column col (voxel k at col[(k - k0) * kTilePitch]). s: its 5 staged parameter vectors.
+__device__ __forceinline__ void tile_column(float* col, const FastArgs& a, const float4* s, int cls, float xi,
+                                            float yj, int za, int zb, int k0, const float* s_z, float inv_h) {
+  const float4 p0 = s[0], p1 = s[1], p2 = s[2];
+  const float mux = p0.x, muy = p0.y, muz = p0.z, l11 = p0.w, l12 = p1.x, l22 = p1.y, g1 = p1.z, g2 = p1.w;
+  if (cls == kPrecise) {
+    const double* d = a.precise + static_cast<int64_t>(__float_as_int(s[4].w)) * kPreciseWords;
+    const double dx = static_cast<double>(xi) - mux, dy = static_cast<double>(yj) - muy;
+    const double u1 = fma(d[0], dx, d[1] * dy), u2 = d[2] * dy;
+    const double q2 = fma(u1, u1, u2 * u2), m = fma(d[3], dx, d[4] * dy);
+    for (int k = za; k <= zb; ++k) {
+      const double t = (static_cast<double>(s_z[k - k0]) - muz) - m;
+      const double q = fma(d[5] * t, t, q2);
+      if (q <= a.cutoff_sq_d) col[(k - k0) * kTilePitch] += ex2(static_cast<float>(fma(-kKd, q, d[6])));
+    }
+    return;
+  }
+  const float A = p2.x, log2o = p2.y;
+  const float dx = xi - mux, dy = yj - muy;
+  const float u1 = fmaf(l11, dx, l12 * dy), u2 = l22 * dy;
+  const float q2 = fmaf(u1, u1, u2 * u2);
+  const float cut = a.cutoff_sq;
+  if (!(q2 <= cut * 1.0001f)) return;
+  const float m = fmaf(g1, dx, g2 * dy);
+  const float lc = fmaf(-kK, q2, log2o);
+  const float nka = -kK * A;
+  // the column's cutoff interval along z, widened by a voxel on each side
+  const float half = sqrtf(fmaxf(cut - q2, 0.f) / A);
+  const float zc = muz + m;
+  const int klo = max(za, clamped_floor((zc - half + 1.f) * inv_h) - 1);
+  const int khi = min(zb, clamped_floor((zc + half + 1.f) * inv_h) + 2);
+  if (cls == kDirect) {
+    const float lcut = fmaf(-kK, cut, log2o);
+    for (int k = klo; k <= khi; ++k) {
+      const float t = (s_z[k - k0] - muz) - m;
+      const float e = fmaf(nka * t, t, lc);
+      if (e >= lcut) col[(k - k0) * kTilePitch] += ex2(e);
+    }
+    return;
+  }
+  // kRecur: v_{k+1} = v_k r_k, r_{k+1} = r_k gfac, anchored with two exponentials every 8 voxels
+  const float gfac = p2.z, thr = p2.w;
+  for (int kb = klo; kb <= khi; kb += 8) {
+    const float t0 = (s_z[kb - k0] - muz) - m;
+    const float h1 = s_z[kb - k0 + 1] - s_z[kb - k0];
+    float v = ex2(fmaf(nka * t0, t0, lc));
+    float r = ex2(fminf(nka * h1 * fmaf(2.f, t0, h1), 64.f));
+    const int nk = khi - kb;
+    float* p = col + (kb - k0) * kTilePitch;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      if (jj <= nk && v >= thr) p[jj * kTilePitch] += v;
+      v *= r;
+      r *= gfac;
+    }
+  }
+}
+
+template <int TZ>
+__global__ void __launch_bounds__(kTileWarps * 32) tile_kernel(const FastArgs a, int64_t capacity, int64_t n) {
+  extern __shared__ float4 s_dyn[];
+  float4* s_par = s_dyn;                                             // [warps][32][5] staged parameters
+  float* s_z = reinterpret_cast<float*>(s_dyn + kTileWarps * 32 * 5);  // [TZ + 8] the tile's z coordinates
+  float* s_acc = s_z + TZ + 8;                                       // [warps][TZ][16][16] tile copies
+  const int tile = blockIdx.x;
+  const int tx = tile % a.ntx, rest = tile / a.ntx;
+  const int ty = rest % a.nty, tz = rest / a.nty;
+  const int i0 = tx * kTileXY, j0 = ty * kTileXY, k0 = tz * TZ;
+  int64_t start = tile == 0 ? 0 : a.tile_end[tile - 1];
+  int64_t end = a.tile_end[tile];
+  const bool scan_all = end > capacity;  // the list overflowed: every Gaussian, culled by its box
+  if (scan_all) {
+    start = 0;
+    end = n;
+  }
+  float4* acc4 = reinterpret_cast<float4*>(s_acc);
+  for (int v = threadIdx.x; v < kTileWarps * TZ * kTilePitch / 4; v += blockDim.x) acc4[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (threadIdx.x < TZ + 8) s_z[threadIdx.x] = a.axis[k0 + threadIdx.x];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* mine = s_acc + warp * TZ * kTilePitch;
+  float4* spar = s_par + warp * 32 * 5;
+  const float4* params = reinterpret_cast<const float4*>(a.params);
+  const float inv_h = 0.5f * static_cast<float>(a.resolution - 1);
+  for (int64_t b = start + 32 * warp; b < end; b += 32 * kTileWarps) {
+    const int nb = static_cast<int>(min(static_cast<int64_t>(32), end - b));
+    __syncwarp();
+    if (lane < nb) {
+      const int64_t g = scan_all ? b + lane : a.list[b + lane];
+#pragma unroll
+      for (int q = 0; q < 5; ++q) spar[lane * 5 + q] = __ldg(params + g * 5 + q);
+    }
+    __syncwarp();
+    for (int sg = 0; sg < nb; ++sg) {
+      const float4* sp = spar + sg * 5;
+      const float4 p3 = sp[3], p4 = sp[4];
+      const int cls = __float_as_int(p3.x);
+      if (cls >= kEmpty) continue;
+      const int xa = max(__float_as_int(p3.y), i0), xb = min(__float_as_int(p3.z), i0 + kTileXY - 1);
+      const int ya = max(__float_as_int(p3.w), j0), yb = min(__float_as_int(p4.x), j0 + kTileXY - 1);
+      const int za = max(__float_as_int(p4.y), k0), zb = min(__float_as_int(p4.z), k0 + TZ - 1);
+      if (xa > xb || ya > yb || za > zb) continue;
+      const int ny = yb - ya + 1, cols = (xb - xa + 1) * ny;
+      const float inv_ny = 1.f / static_cast<float>(ny);
+      for (int c = lane; c < cols; c += 32) {
+        // c / ny in float: exact here (c < 256, ny <= 16: the quotient is >= 1 / 32 from an integer)
+        const int ci = static_cast<int>((static_cast<float>(c) + 0.5f) * inv_ny);
+        const int i = xa + ci, j = ya + (c - ci * ny);
+        tile_column(mine + (i - i0) * kTileXY + (j - j0), a, sp, cls, a.axis[i], a.axis[j], za, zb, k0, s_z, inv_h);
+      }
+      __syncwarp();  // the next Gaussian's lanes may take other columns of this warp's copy
+    }
+  }
+  __syncthreads();
+  const int r = a.resolution;
+  for (int col = threadIdx.x; col < kTilePitch; col += blockDim.x) {
+    const int i = i0 + col / kTileXY, j = j0 + col % kTileXY;
+    if (i >= r || j >= r) continue;
+    float acc[TZ];
+#pragma unroll
+    for (int kk = 0; kk < TZ; ++kk) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kTileWarps; ++w) sum += s_acc[(w * TZ + kk) * kTilePitch + col];
+      acc[kk] = sum;
+    }
+    float* dst = a.out + (static_cast<int64_t>(i) * r + j) * r + k0;
+    store_column<TZ>(dst, a.out_aligned && k0 + TZ <= r && (r & 3) == 0, k0, r, acc);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// binning through shared-memory histograms (variant 4 when the tiles fit kMaxHistTiles): each block
+// takes kBinGaussians consecutive Gaussians, counts their (tile, Gaussian) pairs in shared memory and
+// reserves one range per touched tile with a single global atomic (bin_count_kernel, which keeps the
+// range's offset per (block, tile)); bin_fill_kernel then writes each pair at the tile's start + the
+// block's offset + its rank from a shared-memory atomic. The global atomics per tile drop from one per
+// pair (contended: same-address atomics serialise, ~35 ns each, NOTES_fields.md) to one per block.
+// ---------------------------------------------------------------------------------------------
+
+constexpr int kBinGaussians = 1024;
+constexpr int kMaxHistTiles = 8192;
+
+template <bool FILL>
+__global__ void __launch_bounds__(256) bin_hist_kernel(const FillArgs a, int* block_base, int64_t capacity) {
+  __shared__ int s_hist[kMaxHistTiles];
+  const int ntiles = a.ntx * a.nty * a.ntz;
+  for (int t = threadIdx.x; t < ntiles; t += blockDim.x) s_hist[t] = 0;
+  __syncthreads();
+  const int64_t g0 = blockIdx.x * static_cast<int64_t>(kBinGaussians);
+  const int64_t g1 = min(g0 + kBinGaussians, a.n);
+  int* base = block_base + static_cast<int64_t>(blockIdx.x) * ntiles;
+  for (int64_t g = g0 + threadIdx.x; g < g1; g += blockDim.x) {
+    const int* pi = reinterpret_cast<const int*>(a.params + g * kParamWords);
+    if (pi[12] >= kEmpty) continue;
+    for (int tz = pi[17] / a.tile_z; tz <= pi[18] / a.tile_z; ++tz)
+      for (int ty = pi[15] / a.tile_y; ty <= pi[16] / a.tile_y; ++ty)
+        for (int tx = pi[13] / a.tile_x; tx <= pi[14] / a.tile_x; ++tx) {
+          const int t = (tz * a.nty + ty) * a.ntx + tx;
+          const int rank = atomicAdd(s_hist + t, 1);
+          if (FILL && a.tile_end[t] <= capacity)
+            a.list[(t == 0 ? 0 : a.tile_end[t - 1]) + base[t] + rank] = static_cast<int>(g);
+        }
+  }
+  if (FILL) return;
+  __syncthreads();
+  for (int t = threadIdx.x; t < ntiles; t += blockDim.x) {
+    const int c = s_hist[t];
+    if (c > 0) base[t] = atomicAdd(a.tile_cursor + t, c);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // naive kernel: one thread per voxel, every Gaussian, axis-aligned range cull
 // ---------------------------------------------------------------------------------------------
 
@@ -765,6 +962,42 @@ cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_ti
   return pair ? launch_fast_v2_t<true>(a, exact, chunks, num_tiles, capacity, n, stream)
               : launch_fast_v2_t<false>(a, exact, chunks, num_tiles, capacity, n, stream);
 }
+
+template <int TZ>
+static cudaError_t launch_tile_t(const FastArgs& a, dim3 grid, dim3 block, int64_t capacity, int64_t n,
+                                 cudaStream_t stream) {
+  constexpr int bytes = tile_smem_bytes<TZ>();
+  const cudaError_t err = cudaFuncSetAttribute(tile_kernel<TZ>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return err;
+  tile_kernel<TZ><<<grid, block, bytes, stream>>>(a, capacity, n);
+  return cudaSuccess;
+}
+
+cudaError_t launch_tile(const FastArgs& a, int chunks, int num_tiles, int64_t capacity, int64_t n,
+                        cudaStream_t stream) {
+  if (num_tiles <= 0) return cudaSuccess;
+  const dim3 grid(num_tiles), block(kTileWarps * 32);
+  cudaError_t err = cudaSuccess;
+  switch (chunks) {
+    case 1: err = launch_tile_t<8>(a, grid, block, capacity, n, stream); break;
+    case 2: err = launch_tile_t<16>(a, grid, block, capacity, n, stream); break;
+    case 4: err = launch_tile_t<32>(a, grid, block, capacity, n, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+cudaError_t launch_bin_hist(const FillArgs& a, int* block_base, bool fill, int64_t capacity, cudaStream_t stream) {
+  if (a.ntx * a.nty * a.ntz > kMaxHistTiles) return cudaErrorInvalidValue;
+  const int blocks = static_cast<int>((a.n + kBinGaussians - 1) / kBinGaussians);
+  if (blocks <= 0) return cudaSuccess;
+  if (fill) bin_hist_kernel<true><<<blocks, 256, 0, stream>>>(a, block_base, capacity);
+  else bin_hist_kernel<false><<<blocks, 256, 0, stream>>>(a, block_base, capacity);
+  return cudaGetLastError();
+}
+
+int max_hist_tiles() { return kMaxHistTiles; }
+int64_t bin_hist_blocks(int64_t n) { return (n + kBinGaussians - 1) / kBinGaussians; }
 
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
