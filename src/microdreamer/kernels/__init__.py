@@ -12,18 +12,13 @@ Implementations of :func:`extract_fields` (``impl=``):
 * ``"fast"``: Gaussians binned to 16 x 16 x (8 * chunks) voxel tiles on the GPU (count, scan, fill),
   one block per tile stages its Gaussians in shared memory; each warp culls them against its
   8 x 4-column footprint and evaluates the survivors column by column, along z with a two-multiply
-  recurrence where the Gaussian is wide enough (see ``benchmarks/NOTES_fields.md``). Four variants
+  recurrence where the Gaussian is wide enough (see ``benchmarks/NOTES_fields.md``). Three variants
   (``variant=``): ``1`` reads the list sizes back to the host (one synchronisation per call) and
   processes lists larger than ``max_list_entries`` in z-slabs; ``2`` bins into one list of fixed
   capacity (``LIST_ENTRIES_PER_GAUSSIAN`` x N, at most ``max_list_entries``) with no host
   synchronisation, caps registers for more resident warps and lets empty tiles exit at once; tiles
   whose entries do not fit scan all N Gaussians (exact, slower); ``3`` is ``2`` evaluating two
-  z-recurrence Gaussians per warp step (exact mode; in upstream mode it is ``2``); ``4`` (exact mode; in
-  upstream mode it is ``1``) bins like ``2`` into 16 x 16 x (8 * chunks) tiles whose field is accumulated
-  in shared memory: each warp takes one of the tile's Gaussians at a time, one lane per column of its
-  cutoff box inside the tile, and each lane walks only its column's cutoff interval along z (direct
-  exponentials, or the z recurrence for wide Gaussians), adding through shared-memory atomics; the
-  block then writes its tile once (no scatter kernel, no global atomics).
+  z-recurrence Gaussians per warp step (exact mode; in upstream mode it is ``2``).
   In exact mode, Gaussians whose cutoff box holds at most ``scatter_voxels`` voxels (small ones, which
   fill the warp footprints poorly) stay out of the lists: after the tiled kernel, a scatter kernel adds
   them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics.
@@ -52,7 +47,7 @@ __all__ = [
 ]
 
 IMPLS = ("fast", "naive")
-VARIANTS = (1, 2, 3, 4)
+VARIANTS = (1, 2, 3)
 MAX_LIST_ENTRIES = 1 << 28  # 1 GiB of int32 list entries (variant 1: per z-slab chunk; 2, 3: in all)
 # variants 2 and 3: list capacity per Gaussian; the synthetic object bins ~50 (tile, Gaussian) pairs per
 # Gaussian at 512^3 with 16 x 16 x 32 tiles, ~80 with 16 x 16 x 8 (NOTES_fields.md)
@@ -129,7 +124,7 @@ def extract_fields(
             :func:`default_chunks`.
         max_list_entries: fast: (tile, Gaussian) pairs binned at once; variant 1 processes more in
             z-slabs, variants 2 and 3 let the tiles past it scan every Gaussian.
-        variant: fast: 1, 2, 3 or 4 (see the module docstring); default :func:`default_variant`.
+        variant: fast: 1, 2 or 3 (see the module docstring); default :func:`default_variant`.
         scatter_voxels: fast, exact mode: Gaussians with at most this many voxels in their cutoff box are
             added by the scatter kernel (0: none); default :func:`default_scatter_voxels`.
     Returns:
@@ -141,7 +136,7 @@ def extract_fields(
         raise ValueError(f"unknown kernel implementation {impl!r}; use one of {', '.join(IMPLS)}")
     variant = variant or default_variant(config)
     if variant not in VARIANTS:
-        raise ValueError(f"unknown fast-kernel variant {variant!r}; use one of 1, 2, 3, 4")
+        raise ValueError(f"unknown fast-kernel variant {variant!r}; use one of 1, 2, 3")
     device = prepared.means.device
     if device.type != "cuda":
         raise RuntimeError(
@@ -153,8 +148,6 @@ def extract_fields(
     ext = _backend.load()
     r = grid.resolution
     exact = config.mode == "exact"
-    if variant == 4 and not exact:
-        variant = 1  # the shared-memory tiles implement exact mode only
     chunks = chunks or default_chunks(config)
     if scatter_voxels is None:
         scatter_voxels = default_scatter_voxels(config)

@@ -61,8 +61,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(r <= 4096, "resolution must be <= 4096, got ", r);
   TORCH_CHECK(n < (int64_t(1) << 31), "at most 2^31 - 1 Gaussians, got ", n);
   TORCH_CHECK(impl == "fast" || impl == "naive", "impl must be 'fast' or 'naive', got '", impl, "'");
-  TORCH_CHECK(variant >= 1 && variant <= 4, "variant must be 1, 2, 3 or 4, got ", variant);
-  TORCH_CHECK(variant != 4 || exact, "variant 4 (shared-memory tiles) supports exact mode only");
+  TORCH_CHECK(variant >= 1 && variant <= 3, "variant must be 1, 2 or 3, got ", variant);
   TORCH_CHECK(scatter_voxels >= 0, "scatter_voxels must be >= 0, got ", scatter_voxels);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
@@ -112,10 +111,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.ntx = static_cast<int>(ntx);
   s.nty = static_cast<int>(nty);
   s.ntz = static_cast<int>(ntz);
-  // variant 4 bins through shared-memory histograms when the tiles fit (bin_hist_kernel), not in setup
-  const bool hist = fast && variant == 4 && n_tiles <= microdreamer::max_hist_tiles();
-  s.tile_counts = fast && !hist ? counts.data_ptr<int>() : nullptr;
-  const bool scatter = fast && exact && scatter_voxels > 0 && variant != 4;  // v4 evaluates every Gaussian
+  s.tile_counts = fast ? counts.data_ptr<int>() : nullptr;
+  const bool scatter = fast && exact && scatter_voxels > 0;
   s.scatter_max_voxels = scatter ? scatter_voxels : 0;
   s.params = params.data_ptr<float>();
   s.precise = precise.data_ptr<double>();
@@ -153,7 +150,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
 
-  at::Tensor tile_end;  // per-tile list offsets (inclusive prefix sums of the counts)
+  // per-tile list offsets
+  at::Tensor tile_end = at::cumsum(counts, 0, at::kLong);
   // the binning (fill) and the tiled kernel's arguments for the tiles of z-slabs [z0, z1), whose list
   // entries start at position `base` of `list` (all tiles at once: z0 = 0, z1 = ntz, base = 0)
   auto fill_args = [&](const at::Tensor& list, int64_t z0, int64_t z1, int64_t base) {
@@ -169,7 +167,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     f.tz_begin = static_cast<int>(z0);
     f.tz_end = static_cast<int>(z1);
     f.tile_cursor = counts.data_ptr<int>();
-    f.tile_end = tile_end.defined() ? tile_end.data_ptr<int64_t>() : nullptr;
+    f.tile_end = tile_end.data_ptr<int64_t>();
     f.base = base;
     f.list = list.data_ptr<int>();
     return f;
@@ -193,34 +191,15 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     a.out_aligned = reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
     return a;
   };
-  at::Tensor block_base;
-  if (hist) {
-    block_base = at::empty({microdreamer::bin_hist_blocks(n) * n_tiles}, fopts.dtype(at::kInt));
-    at::Tensor none = at::empty({1}, fopts.dtype(at::kInt));
-    C10_CUDA_CHECK(microdreamer::launch_bin_hist(fill_args(none, 0, ntz, 0), block_base.data_ptr<int>(), false, 0,
-                                                 stream));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-  tile_end = at::cumsum(counts, 0, at::kLong);
   if (variant >= 2) {
     // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
     // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
     const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
     at::Tensor list = at::empty({capacity}, fopts.dtype(at::kInt));
     const microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
-    if (hist) {
-      C10_CUDA_CHECK(microdreamer::launch_bin_hist(f, block_base.data_ptr<int>(), true, capacity, stream));
-    } else {
-      C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
-    }
+    C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const microdreamer::FastArgs a = fast_args(list, 0, 0);
-    if (variant == 4) {
-      C10_CUDA_CHECK(microdreamer::launch_tile(a, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity, n,
-                                               stream));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return out;
-    }
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
                                                 n, variant == 3, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();

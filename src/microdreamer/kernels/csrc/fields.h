@@ -115,19 +115,6 @@ cudaError_t launch_fill_bounded(const FillArgs& a, int64_t capacity, cudaStream_
 cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
                            bool pair, cudaStream_t stream);
 
-// v4 ("fast" variant 4, exact mode only): the lists of v2 (fixed capacity, same overflow rule), one block
-// per 16 x 16 x (8 * chunks) tile accumulating in shared memory, one lane per (Gaussian, column) walking
-// the column's cutoff interval. chunks: 1, 2 or 4.
-// Binning through shared-memory histograms (when the grid has at most max_hist_tiles() tiles): fill =
-// false counts into FillArgs.tile_cursor (zeroed) and writes each block's offset per tile to block_base
-// ([bin_hist_blocks(n), tiles] int); fill = true then writes the list (FillArgs.tile_end: the inclusive
-// prefix sums of the counts; tiles whose entries end past `capacity` are left out, as in v2).
-cudaError_t launch_bin_hist(const FillArgs& a, int* block_base, bool fill, int64_t capacity, cudaStream_t stream);
-int max_hist_tiles();
-int64_t bin_hist_blocks(int64_t n);
-cudaError_t launch_tile(const FastArgs& a, int chunks, int num_tiles, int64_t capacity, int64_t n,
-                        cudaStream_t stream);
-
 // gaussian_3d_coeff: out[m] = exp(-0.5 d^T Sigma^-1 d) (analytic inverse, +1e-24 on the determinant,
 // positive exponent -> 0), computed in float64.
 cudaError_t launch_coeff_f32(const float* xyz, const float* cov, float* out, int64_t m, cudaStream_t stream);
