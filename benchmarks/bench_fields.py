@@ -32,6 +32,7 @@ from microdreamer.kernels import (
     _backend,
     default_chunks,
     default_scatter_voxels,
+    default_splits,
     default_variant,
     extract_fields,
 )
@@ -161,22 +162,33 @@ def inputs_for(name: str, n: int | None, r: int, mode: str, copies: int):
 
 
 def bench_case(
-    name, n, r, rows, naive_rate, quick, modes=("exact", "upstream"), variants=(1,), scatters=(0,)
+    name,
+    n,
+    r,
+    rows,
+    naive_rate,
+    quick,
+    modes=("exact", "upstream"),
+    variants=(1,),
+    scatters=(0,),
+    splits=(None,),
 ):
     for mode in modes:
         if mode == "upstream" and (quick or (name == "synthetic" and r == 512 and n >= 200_000)):
             continue
-        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants, scatters)
+        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants, scatters, splits)
         torch.cuda.empty_cache()
 
 
-def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,), scatters=(0,)):
+def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,), scatters=(0,), splits=(None,)):
     cfg, sets = inputs_for(name, n, r, mode, copies=1 if name != "synthetic" else 3)
     n_kept = len(sets[0][0])
     row0 = {"input": name, "N": n_kept, "R": r, "mode": mode}
 
-    def fast(s, chunks, variant, scatter):
-        return extract_fields(s[0], s[1], cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter)
+    def fast(s, chunks, variant, scatter, split=None):
+        return extract_fields(
+            s[0], s[1], cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter, splits=split
+        )
 
     def naive(s):
         return extract_fields(s[0], s[1], cfg, "naive")
@@ -188,36 +200,48 @@ def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,), scatter
         return upstream_loop(s[0], s[1], cfg)
 
     # fast, every tile depth and variant
-    outs, fast_rows = {}, []
+    outs, fast_rows, row_keys = {}, [], {}
     scatters = tuple(dict.fromkeys(default_scatter_voxels(cfg) if x is None else x for x in scatters))
     if mode != "exact":
         scatters = (0,)
     combos = [
-        (c, v, x) for v in variants for c in ((1, 2, 4) if mode == "exact" else (1, 2)) for x in scatters
+        (c, v, x, sp)
+        for v in variants
+        for c in ((1, 2, 4) if mode == "exact" else (1, 2))
+        for x in scatters
+        for sp in (splits if v == 2 else (None,))
     ]
-    for chunks, variant, scatter in combos:
-        key = (chunks, variant, scatter)
+    for chunks, variant, scatter, split in combos:
+        key = (chunks, variant, scatter, split)
         t0 = time.perf_counter()
-        fast(sets[0], chunks, variant, scatter)
+        fast(sets[0], chunks, variant, scatter, split)
         torch.cuda.synchronize()
         slow = time.perf_counter() - t0 > 0.02  # long runs: fewer repetitions
         reps = 3 if slow else (7 if quick else 21)
         ms, times = cuda_time(
-            lambda s, c=chunks, v=variant, x=scatter: fast(s, c, v, x), warmup=2, reps=reps, inputs=sets
+            lambda s, c=chunks, v=variant, x=scatter, sp=split: fast(s, c, v, x, sp),
+            warmup=2,
+            reps=reps,
+            inputs=sets,
         )
         t0 = time.perf_counter()
-        outs[key] = fast(sets[0], chunks, variant, scatter)
+        outs[key] = fast(sets[0], chunks, variant, scatter, split)
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) * 1e3
+        used_splits = (split or default_splits(cfg, chunks)) if variant == 2 else 1
         fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "variant": variant,
-                          "scatter_voxels": scatter,
+                          "scatter_voxels": scatter, "splits": used_splits,
                           "default": chunks == default_chunks(cfg) and variant == default_variant(cfg)
-                          and scatter == default_scatter_voxels(cfg),
+                          and scatter == default_scatter_voxels(cfg) and split is None,
                           "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
-                          "peak_MB": peak_mb(lambda s, c=chunks, v=variant, x=scatter: fast(s, c, v, x),
-                                             sets[0])})  # fmt: skip
+                          "peak_MB": peak_mb(lambda s, c=chunks, v=variant, x=scatter, sp=split:
+                                             fast(s, c, v, x, sp), sets[0])})  # fmt: skip
+        row_keys[id(fast_rows[-1])] = key
     rows.extend(fast_rows)
-    fast_out = outs.get((default_chunks(cfg), variants[0], scatters[0]), outs[combos[0]])
+    fast_out = outs.get(
+        (default_chunks(cfg), variants[0], scatters[0], splits[0] if variants[0] == 2 else None),
+        outs[combos[0]],
+    )
     ref, ref_kind = None, None
     # the vectorised PyTorch path (on this GPU)
     if r == 128 and n_kept <= 60_000:
@@ -254,13 +278,9 @@ def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,), scatter
         rows.append({**row0, "impl": "upstream_loop", "skipped": "timed at R = 128, N <= 50k only"})
     if ref is not None:
         for row in fast_rows:
-            row[f"rel_err_vs_{ref_kind}"] = rel_err(
-                outs[(row["chunks"], row["variant"], row["scatter_voxels"])], ref
-            )
+            row[f"rel_err_vs_{ref_kind}"] = rel_err(outs[row_keys[id(row)]], ref)
     for row in fast_rows:
-        row["rel_diff_vs_default"] = rel_err(
-            outs[(row["chunks"], row["variant"], row["scatter_voxels"])], fast_out
-        )
+        row["rel_diff_vs_default"] = rel_err(outs[row_keys[id(row)]], fast_out)
 
 
 def table(rows: list[dict]) -> str:
@@ -270,6 +290,7 @@ def table(rows: list[dict]) -> str:
             row["impl"]
             + (f"/c{row['chunks']}" if "chunks" in row else "")
             + (f"/v{row['variant']}" if "variant" in row else "")
+            + (f"/s{row['splits']}" if row.get("splits", 1) > 1 else "")
             + ("*" if row.get("default") else "")
         )
         ms = f"{row['median_ms']:.4g}" if "median_ms" in row else "-"
@@ -328,6 +349,11 @@ def main() -> None:
         default="0,default",
         help="exact mode: scatter_voxels values, comma-separated ('default': default_scatter_voxels)",
     )
+    parser.add_argument(
+        "--splits",
+        default="default",
+        help="variant 2: blocks per tile, comma-separated ('default': default_splits)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_fields.py needs a CUDA GPU")
@@ -344,6 +370,7 @@ def main() -> None:
     modes = tuple(args.modes.split(","))
     variants = tuple(int(v) for v in args.variants.split(","))
     scatters = tuple(None if x == "default" else int(x) for x in args.scatter.split(","))
+    splits = tuple(None if x == "default" else int(x) for x in args.splits.split(","))
     if args.cases:
         cases = [("synthetic", int(c.split("x")[0]), int(c.split("x")[1])) for c in args.cases.split(",")]
     else:
@@ -351,7 +378,7 @@ def main() -> None:
     real = sorted(p.name for p in SAMPLES.glob("*.ply")) if SAMPLES.is_dir() and not args.no_samples else []
     cases += [(name, None, r) for name in real for r in rs]
     for name, n, r in cases:
-        bench_case(name, n, r, rows, naive_rate, args.quick, modes, variants, scatters)
+        bench_case(name, n, r, rows, naive_rate, args.quick, modes, variants, scatters, splits)
         print(f"done {name} N={n} R={r} ({time.perf_counter() - t_start:.0f} s)", flush=True)
         partial.write_text(json.dumps({"rates": rates, "hardware": hw, "results": rows}, indent=1))
     # floors at 512^3 / 1M (exact mode): the grid's bytes, and the exponentials of a kernel that
@@ -377,7 +404,8 @@ def main() -> None:
         "must_show": must_show(rows),
         "notes": "fast: chunks = 8-voxel chunks per thread along z (tile 16 x 16 x 8*chunks); variant 1: "
         "host-sized lists (one sync per call), 2: fixed-capacity lists (no sync), register caps, empty tiles "
-        "exit, 3: 2 + two Gaussians per warp step; * = default of the code that ran. "
+        "exit, 3: 2 + two Gaussians per warp step; /sK: variant 2 with K blocks per tile (long tile lists cut into "
+        "slices added with atomics); * = default of the code that ran. "
         "Timed runs of fast rotate over three seeded inputs of the same size (synthetic). "
         "torch = microdreamer.field.torch_impl on the GPU. naive runs predicted longer than "
         f"{NAIVE_BUDGET_S} s are skipped (cost ~ N R^3).",

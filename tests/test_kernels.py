@@ -135,18 +135,27 @@ def test_gaussian_3d_coeff_positive_exponent_is_zero():
 # scattered, exact mode); EVERYTHING: every non-degenerate Gaussian scattered
 EVERYTHING = 1 << 40
 IMPL_VARIANTS = (
-    [("naive", None, None, None)]
-    + [("fast", c, v, s) for v in (1, 2, 3) for c in (1, 2, 4) for s in (0, None)]
-    + [("fast", 1, v, EVERYTHING) for v in (1, 2)]
+    [("naive", None, None, None, None)]
+    + [("fast", c, v, s, None) for v in (1, 2, 3) for c in (1, 2, 4) for s in (0, None)]
+    + [("fast", 1, v, EVERYTHING, None) for v in (1, 2)]
+    # variant 2 with one block per tile, and with every list longer than 3 entries cut into 2 or 5 slices
+    # (partial tiles added with atomics into the zeroed grid)
+    + [("fast", c, 2, None, sp) for c in (1, 2, 4) for sp in (1, 2, 5)]
 )
 
 
 def _variants(mode):
     return [
-        (i, c, v, dict(chunks=c, variant=v, scatter_voxels=s))
-        for i, c, v, s in IMPL_VARIANTS
+        (i, c, v, dict(chunks=c, variant=v, scatter_voxels=s, **_split_kw(sp)))
+        for i, c, v, s, sp in IMPL_VARIANTS
         if not (mode == "upstream" and c == 4)
     ]
+
+
+def _split_kw(splits):
+    if splits is None:
+        return {}
+    return dict(splits=splits, split_min_entries=4 if splits > 1 else 128)
 
 
 @cuda
@@ -295,6 +304,30 @@ def test_scatter_voxels_must_be_non_negative():
     prepared, grid = prepare_gaussians(make_random_splat(10, seed=1), FieldConfig(resolution=16))
     with pytest.raises(ValueError, match="scatter_voxels"):
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), scatter_voxels=-1)
+
+
+@cuda
+def test_splits_must_be_in_range():
+    from microdreamer.kernels import extract_fields
+
+    prepared, grid = prepare_gaussians(make_random_splat(10, seed=1), FieldConfig(resolution=16))
+    for kw in (dict(splits=0), dict(splits=65), dict(splits=2, split_min_entries=0)):
+        with pytest.raises(ValueError, match="splits"):
+            extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), **kw)
+
+
+@cuda
+def test_real_sized_split_lists_match_one_block_per_tile():
+    # wide Gaussians on a coarse grid: every tile list is long, so the default splits cut them
+    splat = make_synthetic_object(20_000, seed=3, scale_fraction=0.04)
+    cfg = FieldConfig(resolution=64, mode="exact")
+    prepared, grid = prepare_gaussians(splat, cfg)
+    ref = density_field_torch(prepared.to("cuda"), grid, cfg)
+    whole = run_kernel(prepared, grid, cfg, "fast", variant=2, splits=1)
+    for splits in (2, 8, 64):
+        out = run_kernel(prepared, grid, cfg, "fast", variant=2, splits=splits)
+        assert rel_err(out, whole) < 1e-6  # only the summation order differs
+        assert rel_err(out, ref) <= FIELD_REL_TOL
 
 
 @cuda

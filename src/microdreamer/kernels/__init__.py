@@ -22,6 +22,10 @@ Implementations of :func:`extract_fields` (``impl=``):
   In exact mode, Gaussians whose cutoff box holds at most ``scatter_voxels`` voxels (small ones, which
   fill the warp footprints poorly) stay out of the lists: after the tiled kernel, a scatter kernel adds
   them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics.
+  Variant 2 can also give a tile several blocks (``splits``): a tile list longer than
+  ``split_min_entries`` is cut into up to ``splits`` slices, each evaluated by its own block and added
+  into the (zeroed) grid with atomics, so that a few tiles with long lists (wide Gaussians on a coarse
+  grid: the real DreamGaussian splats at 128^3) no longer run on a few SMs while the rest idle.
 * ``"naive"``: one thread per voxel looping over every Gaussian with an axis-aligned range cull (the
   measured baseline).
 
@@ -44,6 +48,7 @@ __all__ = [
     "default_chunks",
     "default_variant",
     "default_scatter_voxels",
+    "default_splits",
 ]
 
 IMPLS = ("fast", "naive")
@@ -71,6 +76,18 @@ def default_variant(config: FieldConfig) -> int:
     Gaussians scattered: 0.28-0.30 against 0.33-0.35 ms, benchmarks/results/fields_h200.json), 1 in
     upstream mode (not compared there)."""
     return 2 if config.mode == "exact" else 1
+
+
+SPLIT_TARGET_BLOCKS = 16384  # default_splits: blocks per call to aim for (~124 per SM on an H200)
+SPLIT_MIN_ENTRIES = 128  # a split block evaluates at least this many list entries
+
+
+def default_splits(config: FieldConfig, chunks: int) -> int:
+    """Variant 2: blocks per tile (1: none). Enough that a call has about SPLIT_TARGET_BLOCKS blocks, at most
+    8: 128^3 grids (1024 tiles at tile depth 8) get 8, 256^3 2, 512^3 1."""
+    r = config.resolution
+    tiles = math.ceil(r / 16) ** 2 * math.ceil(r / (8 * chunks))
+    return max(1, min(8, SPLIT_TARGET_BLOCKS // tiles))
 
 
 def default_scatter_voxels(config: FieldConfig) -> int:
@@ -110,6 +127,8 @@ def extract_fields(
     max_list_entries: int = MAX_LIST_ENTRIES,
     variant: int | None = None,
     scatter_voxels: int | None = None,
+    splits: int | None = None,
+    split_min_entries: int = SPLIT_MIN_ENTRIES,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -127,6 +146,10 @@ def extract_fields(
         variant: fast: 1, 2 or 3 (see the module docstring); default :func:`default_variant`.
         scatter_voxels: fast, exact mode: Gaussians with at most this many voxels in their cutoff box are
             added by the scatter kernel (0: none); default :func:`default_scatter_voxels`.
+        splits: fast, variant 2: blocks per tile (1: one block per tile; more: long tile lists are cut into
+            that many slices, evaluated by separate blocks and added with atomics); default
+            :func:`default_splits`. Other variants ignore it.
+        split_min_entries: fast, variant 2: fewest list entries per slice when a list is cut.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -153,6 +176,12 @@ def extract_fields(
         scatter_voxels = default_scatter_voxels(config)
     if scatter_voxels < 0:
         raise ValueError(f"scatter_voxels must be >= 0, got {scatter_voxels}")
+    if splits is None:
+        splits = default_splits(config, chunks)
+    if not 1 <= splits <= 64 or split_min_entries < 1:
+        raise ValueError(
+            f"splits must be in [1, 64] and split_min_entries >= 1, got {splits} and {split_min_entries}"
+        )
     tz = 8 * chunks
     length = max(math.ceil(r / 16) * 16, math.ceil(r / tz) * tz) + 8
     axis = _axis_table(r, length, device)
@@ -166,6 +195,7 @@ def extract_fields(
         prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out,
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
         int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
+        int(splits), int(split_min_entries),
     )  # fmt: skip
 
 

@@ -41,7 +41,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           const at::Tensor& radii, const at::Tensor& axis, const at::Tensor& lower,
                           const at::Tensor& upper, at::Tensor out, bool exact, double cutoff_sq, double cutoff_tol,
                           int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries,
-                          int64_t variant, int64_t list_capacity, int64_t scatter_voxels) {
+                          int64_t variant, int64_t list_capacity, int64_t scatter_voxels, int64_t splits,
+                          int64_t split_min) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -63,6 +64,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(impl == "fast" || impl == "naive", "impl must be 'fast' or 'naive', got '", impl, "'");
   TORCH_CHECK(variant >= 1 && variant <= 3, "variant must be 1, 2 or 3, got ", variant);
   TORCH_CHECK(scatter_voxels >= 0, "scatter_voxels must be >= 0, got ", scatter_voxels);
+  TORCH_CHECK(splits >= 1 && splits <= 64, "splits must be in [1, 64], got ", splits);
+  TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
   check_tensor(axis, "axis", at::kFloat, device);
@@ -189,6 +192,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     a.cutoff_sq_d = cutoff_sq;
     a.out = out.data_ptr<float>();
     a.out_aligned = reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+    a.splits = 1;
+    a.split_min = split_min;
     return a;
   };
   if (variant >= 2) {
@@ -199,7 +204,12 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     const microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
     C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const microdreamer::FastArgs a = fast_args(list, 0, 0);
+    microdreamer::FastArgs a = fast_args(list, 0, 0);
+    if (variant == 2 && splits > 1) {
+      // several blocks per tile add into the grid: zero it first
+      a.splits = static_cast<int>(splits);
+      C10_CUDA_CHECK(cudaMemsetAsync(a.out, 0, static_cast<size_t>(r * r * r) * sizeof(float), stream));
+    }
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
                                                 n, variant == 3, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -504,6 +504,19 @@ __device__ __forceinline__ void accumulate_tile(const FastArgs& a, float4* s_par
   }
 }
 
+// Four float atomic adds to p[0..3] (16-byte aligned) in one vector atomic where the GPU has it.
+__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+  atomicAdd(p + 2, c);
+  atomicAdd(p + 3, d);
+#endif
+}
+
 // Writes one column of a tile, its TZ values from dst on: vector stores when vec (16-byte aligned, the whole
 // column inside the grid), else one store per voxel with k0 + kk < r.
 template <int TZ>
@@ -516,6 +529,22 @@ __device__ __forceinline__ void store_column(float* dst, bool vec, int k0, int r
 #pragma unroll
     for (int kk = 0; kk < TZ; ++kk)
       if (k0 + kk < r) dst[kk] = acc[kk];
+  }
+}
+
+// Adds one column of a tile to the grid (when several blocks share the tile): like store_column, with
+// atomic adds (all-zero groups of four skipped).
+template <int TZ>
+__device__ __forceinline__ void add_column(float* dst, bool vec, int k0, int r, const float (&acc)[TZ]) {
+  if (vec) {
+#pragma unroll
+    for (int kk = 0; kk < TZ; kk += 4)
+      if (acc[kk] != 0.f || acc[kk + 1] != 0.f || acc[kk + 2] != 0.f || acc[kk + 3] != 0.f)
+        red_add_v4(dst + kk, acc[kk], acc[kk + 1], acc[kk + 2], acc[kk + 3]);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < TZ; ++kk)
+      if (k0 + kk < r && acc[kk] != 0.f) atomicAdd(dst + kk, acc[kk]);
   }
 }
 
@@ -549,13 +578,19 @@ __global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
 // v2: same evaluation as fast_kernel, with (1) the tile's z coordinates in shared memory instead of
 // 8 * NCH registers, (2) a register cap for MINB resident blocks per SM (more warps in flight to
 // hide the dependent chains), (3) empty tiles write zeros and leave, (4) the list of fixed capacity
-// (tiles past it scan all N Gaussians, culled by their boxes: slow but exact).
-template <int NCH, bool EXACT, int MINB, bool PAIR>
+// (tiles past it scan all N Gaussians, culled by their boxes: slow but exact), (5) with a.splits > 1,
+// a.splits blocks per tile: a list longer than a.split_min entries is cut into up to a.splits slices of
+// at least a.split_min entries, one per block, whose partial columns are added to the grid (zeroed
+// before the launch) with atomics; a tile with a shorter list is written by its first block alone, an
+// empty one not at all. Long lists on few tiles (wide Gaussians on a coarse grid) then no longer run on
+// a few blocks while the other SMs idle.
+template <int NCH, bool EXACT, int MINB, bool PAIR, bool SPLIT>
 __global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, int64_t capacity, int64_t n) {
   constexpr int TZ = 8 * NCH;
   __shared__ float4 s_par[256 * 5];
   __shared__ float s_z[TZ];
-  const int tile = blockIdx.x;
+  const int tile = SPLIT ? blockIdx.x / a.splits : blockIdx.x;
+  const int split = SPLIT ? blockIdx.x - tile * a.splits : 0;
   const WarpFootprint f = warp_footprint<TZ>(a, tile);
   int64_t start = tile == 0 ? 0 : a.tile_end[tile - 1];
   int64_t end = a.tile_end[tile];
@@ -563,6 +598,16 @@ __global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, in
   if (scan_all) {
     start = 0;
     end = n;
+  }
+  bool add = false;  // this block adds its slice's part of the tile to the zeroed grid
+  if (SPLIT) {
+    const int64_t len = end - start;
+    const int64_t per = max(a.split_min, (len + a.splits - 1) / a.splits);
+    const int64_t s0 = start + split * per;
+    if (s0 >= end) return;  // no slice for this block (the grid was zeroed); block-uniform
+    add = len > per;
+    start = s0;
+    end = min(end, s0 + per);
   }
   const int r = a.resolution;
   // computed here, not at the store as in fast_kernel: this is the form ptxas fits under the register cap
@@ -581,7 +626,10 @@ __global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, in
     for (int ch = 0; ch < NCH; ++ch) h1[ch] = s_z[8 * ch + 1] - s_z[8 * ch];
     accumulate_tile<NCH, EXACT, PAIR>(a, s_par, start, end, scan_all, f, c, s_z, h1, acc);
   }
-  if (f.i < r && f.j < r) store_column<TZ>(dst, vec, f.k0, r, acc);
+  if (f.i < r && f.j < r) {
+    if (SPLIT && add) add_column<TZ>(dst, vec, f.k0, r, acc);
+    else store_column<TZ>(dst, vec, f.k0, r, acc);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -630,17 +678,6 @@ __global__ void __launch_bounds__(256) naive_kernel(const NaiveArgs a) {
 // warp footprints they barely fill.
 // ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-#else
-  atomicAdd(p, a);
-  atomicAdd(p + 1, b);
-  atomicAdd(p + 2, c);
-  atomicAdd(p + 3, d);
-#endif
-}
 
 __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
   const int lane = threadIdx.x & 31;
@@ -738,21 +775,23 @@ cudaError_t launch_fill_bounded(const FillArgs& a, int64_t capacity, cudaStream_
   return cudaGetLastError();
 }
 
-template <bool PAIR>
+template <bool PAIR, bool SPLIT>
 static cudaError_t launch_fast_v2_t(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
                              cudaStream_t stream) {
-  const dim3 grid(num_tiles), block(256);
+  const int splits = SPLIT ? a.splits : 1;
+  if (splits < 1 || static_cast<int64_t>(num_tiles) * splits >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
+  const dim3 grid(num_tiles * splits), block(256);
   if (exact) {
     switch (chunks) {
-      case 1: fast_kernel_v2<1, true, kMinBlocks1, PAIR><<<grid, block, 0, stream>>>(a, capacity, n); break;
-      case 2: fast_kernel_v2<2, true, kMinBlocks2, PAIR><<<grid, block, 0, stream>>>(a, capacity, n); break;
-      case 4: fast_kernel_v2<4, true, kMinBlocks4, PAIR><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 1: fast_kernel_v2<1, true, kMinBlocks1, PAIR, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 2: fast_kernel_v2<2, true, kMinBlocks2, PAIR, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 4: fast_kernel_v2<4, true, kMinBlocks4, PAIR, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
       default: return cudaErrorInvalidValue;
     }
   } else {
     switch (chunks) {
-      case 1: fast_kernel_v2<1, false, kMinBlocks1, false><<<grid, block, 0, stream>>>(a, capacity, n); break;
-      case 2: fast_kernel_v2<2, false, kMinBlocks2, false><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 1: fast_kernel_v2<1, false, kMinBlocks1, false, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 2: fast_kernel_v2<2, false, kMinBlocks2, false, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
       default: return cudaErrorInvalidValue;
     }
   }
@@ -762,8 +801,10 @@ static cudaError_t launch_fast_v2_t(const FastArgs& a, bool exact, int chunks, i
 cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
                            bool pair, cudaStream_t stream) {
   if (num_tiles <= 0) return cudaSuccess;
-  return pair ? launch_fast_v2_t<true>(a, exact, chunks, num_tiles, capacity, n, stream)
-              : launch_fast_v2_t<false>(a, exact, chunks, num_tiles, capacity, n, stream);
+  // variant 3 (pair) never splits
+  if (pair) return launch_fast_v2_t<true, false>(a, exact, chunks, num_tiles, capacity, n, stream);
+  return a.splits > 1 ? launch_fast_v2_t<false, true>(a, exact, chunks, num_tiles, capacity, n, stream)
+                      : launch_fast_v2_t<false, false>(a, exact, chunks, num_tiles, capacity, n, stream);
 }
 
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {

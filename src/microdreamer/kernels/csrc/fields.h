@@ -76,6 +76,8 @@ struct FastArgs {
   double cutoff_sq_d;
   float* out;                     // [R, R, R]
   bool out_aligned;               // out is 16-byte aligned (vector stores allowed when R % 4 == 0)
+  int splits = 1;                 // v2: blocks per tile (> 1: out must be zeroed before the launch)
+  int64_t split_min = 1;          // v2: fewest list entries per block when a tile's list is split
 };
 
 struct NaiveArgs {
