@@ -186,7 +186,10 @@ def extract_fields(
     length = max(math.ceil(r / 16) * 16, math.ceil(r / tz) * tz) + 8
     axis = _axis_table(r, length, device)
     if exact:
-        t, lower, upper = 1, axis.new_zeros(1, dtype=torch.float64), axis.new_zeros(1, dtype=torch.float64)
+        key = ("no-blocks", str(device))  # exact mode has no blocks: placeholders the binding ignores
+        if key not in _tables:
+            _tables[key] = torch.zeros(1, dtype=torch.float64, device=device)
+        t, lower, upper = 1, _tables[key], _tables[key]
     else:
         t, lower, upper = _block_tables(grid, config, device)
     if out is None:

@@ -91,7 +91,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   auto fopts = means.options();
   at::Tensor params = at::empty({n, kParamWords}, fopts);
   at::Tensor precise = at::empty({n, kPreciseWords}, fopts.dtype(at::kDouble));
-  at::Tensor counts = fast ? at::zeros({n_tiles}, fopts.dtype(at::kInt)) : at::Tensor();
+  at::Tensor counts = fast ? at::empty({n_tiles}, fopts.dtype(at::kInt)) : at::Tensor();
+  if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts.data_ptr<int>(), 0, n_tiles * sizeof(int), stream));
 
   microdreamer::SetupArgs s{};
   s.means = means.data_ptr<float>();
@@ -154,7 +155,9 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   };
 
   // per-tile list offsets
-  at::Tensor tile_end = at::cumsum(counts, 0, at::kLong);
+  at::Tensor tile_end = at::empty({n_tiles}, fopts.dtype(at::kLong));
+  C10_CUDA_CHECK(microdreamer::launch_scan(counts.data_ptr<int>(), tile_end.data_ptr<int64_t>(), n_tiles, stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   // the binning (fill) and the tiled kernel's arguments for the tiles of z-slabs [z0, z1), whose list
   // entries start at position `base` of `list` (all tiles at once: z0 = 0, z1 = ntz, base = 0)
   auto fill_args = [&](const at::Tensor& list, int64_t z0, int64_t z1, int64_t base) {

@@ -167,6 +167,29 @@ __global__ void setup_kernel(const SetupArgs a) {
   }
 }
 
+// Inclusive prefix sums of the tile counts, one block of 1024 threads: each thread sums a contiguous
+// segment, the block scans the 1024 segment sums, each thread then writes its segment.
+__global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* out, int64_t m) {
+  __shared__ int64_t s_sum[1024];
+  const int64_t per = (m + 1023) / 1024;
+  const int64_t b = threadIdx.x * per, e = min(m, b + per);
+  int64_t sum = 0;
+  for (int64_t i = b; i < e; ++i) sum += counts[i];
+  s_sum[threadIdx.x] = sum;
+  __syncthreads();
+  for (int off = 1; off < 1024; off <<= 1) {
+    const int64_t v = threadIdx.x >= off ? s_sum[threadIdx.x - off] : 0;
+    __syncthreads();
+    s_sum[threadIdx.x] += v;
+    __syncthreads();
+  }
+  int64_t run = threadIdx.x == 0 ? 0 : s_sum[threadIdx.x - 1];
+  for (int64_t i = b; i < e; ++i) {
+    run += counts[i];
+    out[i] = run;
+  }
+}
+
 __global__ void fill_kernel(const FillArgs a) {
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -742,6 +765,12 @@ int blocks_for(int64_t n, int threads) {
 
 cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream) {
   setup_kernel<<<blocks_for(a.n, 256), 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, cudaStream_t stream) {
+  if (m <= 0) return cudaSuccess;
+  scan_kernel<<<1, 1024, 0, stream>>>(counts, out, m);
   return cudaGetLastError();
 }
 

@@ -93,6 +93,8 @@ struct NaiveArgs {
 };
 
 cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream);
+// Inclusive prefix sums of m int counts into int64 (one block; replaces a cumsum and its dtype copy).
+cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, cudaStream_t stream);
 cudaError_t launch_fill(const FillArgs& a, cudaStream_t stream);
 // chunks: 8-voxel chunks per thread along z (tile_z = 8 * chunks); supported: 1, 2, 4.
 cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles, cudaStream_t stream);
