@@ -63,11 +63,14 @@ _tables: dict[tuple, torch.Tensor] = {}
 
 def default_chunks(config: FieldConfig) -> int:
     """8-voxel chunks per thread along z (tile depth 8 * chunks) for this grid and mode: the fastest
-    measured on an H200 (benchmarks/results/fields_h200_round1.json, re-checked in fields_h200.json)."""
+    measured on an H200. Exact mode: 4 at every R, with :func:`default_splits` (fields_h200_splits_sweep.json:
+    at 128^3 and 256^3 within 11 % of the best setting measured on the synthetic object and within 1.25x
+    on every real sample splat, where the previous default, depth 8 with one block per tile, was up to
+    3.8x slower; 512^3: fields_h200.json); upstream mode (variant 1): fields_h200_round1.json."""
     r = config.resolution
     if config.mode != "exact":
         return 1 if r <= 160 else 2
-    return 1 if r <= 320 else 4
+    return 4
 
 
 def default_variant(config: FieldConfig) -> int:
@@ -84,10 +87,10 @@ SPLIT_MIN_ENTRIES = 128  # a split block evaluates at least this many list entri
 
 def default_splits(config: FieldConfig, chunks: int) -> int:
     """Variant 2: blocks per tile (1: none). Enough that a call has about SPLIT_TARGET_BLOCKS blocks, at most
-    8: 128^3 grids (1024 tiles at tile depth 8) get 8, 256^3 2, 512^3 1."""
+    16: at tile depth 32, 128^3 grids (256 tiles) get 16, 256^3 8, 512^3 1."""
     r = config.resolution
     tiles = math.ceil(r / 16) ** 2 * math.ceil(r / (8 * chunks))
-    return max(1, min(8, SPLIT_TARGET_BLOCKS // tiles))
+    return max(1, min(16, SPLIT_TARGET_BLOCKS // tiles))
 
 
 def default_scatter_voxels(config: FieldConfig) -> int:
