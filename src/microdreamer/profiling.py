@@ -66,8 +66,17 @@ class StageTimer:
         Path(path).write_text(json.dumps({"seconds": self.seconds, "total": self.total, **extra}, indent=2))
 
 
-def plot_stages(seconds: dict[str, float], path: str | Path, title: str = "where the time goes") -> Path:
-    """Write a horizontal bar chart (PNG) of seconds per stage. Needs only Pillow."""
+def plot_stages(
+    seconds: dict[str, float],
+    path: str | Path,
+    title: str = "where the time goes",
+    unit: str = "s",
+    shares: bool = True,
+) -> Path:
+    """Write a horizontal bar chart (PNG) of time per stage (values in ``unit``). Needs only Pillow.
+
+    ``shares``: the bars are parts of one whole (stages of one job): show the total and each bar's
+    percentage; off for side-by-side measurements."""
     from PIL import Image, ImageDraw
 
     items = list(seconds.items())
@@ -75,7 +84,7 @@ def plot_stages(seconds: dict[str, float], path: str | Path, title: str = "where
     row, left, width = 28, 170, 420
     img = Image.new("RGB", (left + width + 150, row * (len(items) + 2)), "white")
     draw = ImageDraw.Draw(img)
-    draw.text((10, 6), f"{title} (total {total:.3f} s)", fill="black")
+    draw.text((10, 6), f"{title} (total {total:.3f} {unit})" if shares else title, fill="black")
     vmax = max((v for _, v in items), default=1.0) or 1.0
     palette = [(66, 133, 244), (219, 68, 55), (244, 180, 0), (15, 157, 88), (171, 71, 188), (0, 172, 193)]
     for i, (name, v) in enumerate(items):
@@ -83,7 +92,9 @@ def plot_stages(seconds: dict[str, float], path: str | Path, title: str = "where
         draw.text((10, y + 4), name[:24], fill="black")
         draw.rectangle([left, y, left + int(width * v / vmax), y + row - 10], fill=palette[i % len(palette)])
         draw.text(
-            (left + int(width * v / vmax) + 6, y + 4), f"{v:.3f} s ({100 * v / total:.0f}%)", fill="black"
+            (left + int(width * v / vmax) + 6, y + 4),
+            f"{v:.3f} {unit}" + (f" ({100 * v / total:.0f}%)" if shares else ""),
+            fill="black",
         )
     path = Path(path)
     img.save(path)
