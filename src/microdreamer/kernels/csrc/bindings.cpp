@@ -42,7 +42,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           const at::Tensor& upper, at::Tensor out, bool exact, double cutoff_sq, double cutoff_tol,
                           int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries,
                           int64_t variant, int64_t list_capacity, int64_t scatter_voxels, int64_t splits,
-                          int64_t split_min) {
+                          int64_t split_min, int64_t scatter_batch) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -66,6 +66,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(scatter_voxels >= 0, "scatter_voxels must be >= 0, got ", scatter_voxels);
   TORCH_CHECK(splits >= 1 && splits <= 64, "splits must be in [1, 64], got ", splits);
   TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
+  TORCH_CHECK(scatter_batch == 0 || scatter_batch == 32 || scatter_batch == 64,
+              "scatter_batch must be 0, 32 or 64, got ", scatter_batch);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
   check_tensor(axis, "axis", at::kFloat, device);
@@ -89,10 +91,32 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const int64_t nty = ntx, n_tiles = ntx * nty * ntz;
   TORCH_CHECK(n_tiles < (int64_t(1) << 31), "too many tiles: ", n_tiles);
   auto fopts = means.options();
+  const bool scatter = fast && exact && scatter_voxels > 0;
+  // windowed scatter (variants 2 and 3): the scattered Gaussians counted by cell of 8^3 voxels (coarser
+  // past 128 cells per axis), Morton order
+  const bool windowed = scatter && variant >= 2 && scatter_batch > 0;
+  int cell_shift = 3, cell_bits = 0;
+  while ((int64_t(1) << cell_bits) < ((r + 7) >> 3)) ++cell_bits;
+  if (cell_bits > 7) {
+    cell_shift += cell_bits - 7;
+    cell_bits = 7;
+  }
+  const int64_t n_cells = windowed ? int64_t(1) << (3 * cell_bits) : 0;
+  // variant 2 with splits: the scan kernel lists the (tile, slice) work items
+  const bool split = fast && variant == 2 && splits > 1 && n_tiles * microdreamer::kMaxSplits < (int64_t(1) << 31);
+  const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
+  // one int32 workspace: counts (tiles, then cells; zeroed), split counters and work items, the scatter
+  // list, the tiles' list (variants 2, 3)
+  const int64_t n_counts = fast ? n_tiles + n_cells : 0;
+  const int64_t n_work = split ? n_tiles * splits : 0;
+  const int64_t o_counters = n_counts, o_work = o_counters + 2, o_slist = o_work + n_work;
+  const int64_t o_list = o_slist + (windowed ? n : 0);
+  const int64_t n_ints = o_list + (fast && variant >= 2 ? capacity : 0);
+  at::Tensor ints = at::empty({std::max<int64_t>(n_ints, 1)}, fopts.dtype(at::kInt));
+  int* counts = ints.data_ptr<int>();
   at::Tensor params = at::empty({n, kParamWords}, fopts);
   at::Tensor precise = at::empty({n, kPreciseWords}, fopts.dtype(at::kDouble));
-  at::Tensor counts = fast ? at::empty({n_tiles}, fopts.dtype(at::kInt)) : at::Tensor();
-  if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts.data_ptr<int>(), 0, n_tiles * sizeof(int), stream));
+  if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts, 0, n_counts * sizeof(int), stream));
 
   microdreamer::SetupArgs s{};
   s.means = means.data_ptr<float>();
@@ -115,8 +139,10 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.ntx = static_cast<int>(ntx);
   s.nty = static_cast<int>(nty);
   s.ntz = static_cast<int>(ntz);
-  s.tile_counts = fast ? counts.data_ptr<int>() : nullptr;
-  const bool scatter = fast && exact && scatter_voxels > 0;
+  s.tile_counts = fast ? counts : nullptr;
+  s.cell_counts = windowed ? counts + n_tiles : nullptr;
+  s.cell_shift = cell_shift;
+  s.cell_bits = cell_bits;
   s.scatter_max_voxels = scatter ? scatter_voxels : 0;
   s.params = params.data_ptr<float>();
   s.precise = precise.data_ptr<double>();
@@ -139,6 +165,22 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     return out;
   }
 
+  // per-tile list offsets (then the cells'), and the split kernel's work items
+  at::Tensor ends = at::empty({n_tiles + n_cells}, fopts.dtype(at::kLong));
+  at::Tensor tile_end = ends.narrow(0, 0, n_tiles);
+  microdreamer::SplitPlan plan{};
+  if (split) {
+    plan.work = counts + o_work;
+    plan.counters = counts + o_counters;
+    plan.tiles = n_tiles;
+    plan.capacity = capacity;
+    plan.n = n;
+    plan.split_min = split_min;
+    plan.splits = static_cast<int>(splits);
+  }
+  C10_CUDA_CHECK(microdreamer::launch_scan(counts, ends.data_ptr<int64_t>(), n_tiles + n_cells, plan, stream));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
   // the small Gaussians (kScatter), added after the tiled kernel has written every voxel
   auto add_scattered = [&]() {
     if (!scatter) return;
@@ -150,17 +192,19 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     sa.cutoff_sq = static_cast<float>(cutoff_sq);
     sa.out = out.data_ptr<float>();
     sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0;
+    if (windowed) {
+      sa.batch = static_cast<int>(scatter_batch);
+      sa.list = counts + o_slist;
+      sa.list_base = ends.data_ptr<int64_t>() + n_tiles - 1;
+      sa.list_end = ends.data_ptr<int64_t>() + n_tiles + n_cells - 1;
+    }
     C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
 
-  // per-tile list offsets
-  at::Tensor tile_end = at::empty({n_tiles}, fopts.dtype(at::kLong));
-  C10_CUDA_CHECK(microdreamer::launch_scan(counts.data_ptr<int>(), tile_end.data_ptr<int64_t>(), n_tiles, stream));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   // the binning (fill) and the tiled kernel's arguments for the tiles of z-slabs [z0, z1), whose list
   // entries start at position `base` of `list` (all tiles at once: z0 = 0, z1 = ntz, base = 0)
-  auto fill_args = [&](const at::Tensor& list, int64_t z0, int64_t z1, int64_t base) {
+  auto fill_args = [&](int* list, int64_t z0, int64_t z1, int64_t base) {
     microdreamer::FillArgs f{};
     f.params = params.data_ptr<float>();
     f.n = n;
@@ -172,18 +216,18 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     f.ntz = static_cast<int>(ntz);
     f.tz_begin = static_cast<int>(z0);
     f.tz_end = static_cast<int>(z1);
-    f.tile_cursor = counts.data_ptr<int>();
-    f.tile_end = tile_end.data_ptr<int64_t>();
+    f.tile_cursor = counts;
+    f.tile_end = ends.data_ptr<int64_t>();
     f.base = base;
-    f.list = list.data_ptr<int>();
+    f.list = list;
     return f;
   };
-  auto fast_args = [&](const at::Tensor& list, int64_t z0, int64_t base) {
+  auto fast_args = [&](const int* list, int64_t z0, int64_t base) {
     microdreamer::FastArgs a{};
     a.params = params.data_ptr<float>();
     a.precise = precise.data_ptr<double>();
-    a.list = list.data_ptr<int>();
-    a.tile_end = tile_end.data_ptr<int64_t>();
+    a.list = list;
+    a.tile_end = ends.data_ptr<int64_t>();
     a.base = base;
     a.tile0 = static_cast<int>(z0 * nty * ntx);
     a.ntx = static_cast<int>(ntx);
@@ -202,15 +246,24 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   if (variant >= 2) {
     // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
     // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
-    const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
-    at::Tensor list = at::empty({capacity}, fopts.dtype(at::kInt));
-    const microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
+    int* list = counts + o_list;
+    microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
+    if (windowed) {
+      f.cell_cursor = counts + n_tiles;
+      f.cell_end = ends.data_ptr<int64_t>() + n_tiles;
+      f.cell_base = ends.data_ptr<int64_t>() + n_tiles - 1;
+      f.cell_shift = cell_shift;
+      f.cell_bits = cell_bits;
+      f.scatter_list = counts + o_slist;
+    }
     C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     microdreamer::FastArgs a = fast_args(list, 0, 0);
-    if (variant == 2 && splits > 1) {
+    if (split) {
       // several blocks per tile add into the grid: zero it first
       a.splits = static_cast<int>(splits);
+      a.work = plan.work;
+      a.counters = plan.counters;
       C10_CUDA_CHECK(cudaMemsetAsync(a.out, 0, static_cast<size_t>(r * r * r) * sizeof(float), stream));
     }
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
@@ -232,7 +285,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     slabs.emplace_back(z0, z1);
     z0 = z1;
   }
-  at::Tensor list = at::empty({std::max<int64_t>(largest, 1)}, fopts.dtype(at::kInt));
+  at::Tensor list_t = at::empty({std::max<int64_t>(largest, 1)}, fopts.dtype(at::kInt));
+  int* list = list_t.data_ptr<int>();
   for (const auto& [z0, z1] : slabs) {
     const int64_t base = z0 == 0 ? 0 : se[z0 - 1];
     const microdreamer::FillArgs f = fill_args(list, z0, z1, base);

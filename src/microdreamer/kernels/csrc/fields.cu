@@ -7,6 +7,8 @@
 // (dx = x - mu_x, dy = y - mu_y; A, l.., g.. from M in float64 by the setup kernel): a sum of squares
 // whose float32 rounding stays relative as long as the Gaussian is not too thin against its own box
 // (the class test below); thinner Gaussians take a float64 path ("precise").
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -80,6 +82,16 @@ __device__ void exact_range(double mu, double rad, double h, int r, int* lo, int
   *hi = static_cast<int>(floor(fhi));
 }
 
+// Morton index of a kScatter Gaussian's cell: the cell (2^shift voxels per side) of its box centre
+__device__ __forceinline__ int scatter_cell(const int (&lo)[3], const int (&hi)[3], int shift, int bits) {
+  int m = 0;
+  for (int k = 0; k < 3; ++k) {
+    const int c = ((lo[k] + hi[k]) >> 1) >> shift;
+    for (int b = 0; b < bits; ++b) m |= ((c >> b) & 1) << (3 * b + k);
+  }
+  return m;
+}
+
 __global__ void setup_kernel(const SetupArgs a) {
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -135,29 +147,28 @@ __global__ void setup_kernel(const SetupArgs a) {
       const int64_t vol = static_cast<int64_t>(hi[0] - lo[0] + 1) * (hi[1] - lo[1] + 1) * (hi[2] - lo[2] + 1);
       if (vol <= a.scatter_max_voxels) cls = kScatter;
     }
-    float* p = a.params + g * kParamWords;
-    p[0] = static_cast<float>(mu[0]);
-    p[1] = static_cast<float>(mu[1]);
-    p[2] = static_cast<float>(mu[2]);
-    p[3] = static_cast<float>(l11);
-    p[4] = static_cast<float>(l12);
-    p[5] = static_cast<float>(l22);
-    p[6] = static_cast<float>(g1);
-    p[7] = static_cast<float>(g2);
-    p[8] = static_cast<float>(A);
-    p[9] = static_cast<float>(log2o);
-    p[10] = static_cast<float>(exp2(-2.0 * kKd * A * a.h * a.h));
-    p[11] = static_cast<float>(o * a.cutoff_tol);
-    int* pi = reinterpret_cast<int*>(p);
-    pi[12] = cls;
     if (cls == kEmpty) {
       for (int k = 0; k < 3; ++k) { lo[k] = 1; hi[k] = 0; }
     }
-    pi[13] = lo[0]; pi[14] = hi[0]; pi[15] = lo[1];
-    pi[16] = hi[1]; pi[17] = lo[2]; pi[18] = hi[2];
-    pi[19] = static_cast<int>(g);
-    double* d = a.precise + g * kPreciseWords;
-    d[0] = l11; d[1] = l12; d[2] = l22; d[3] = g1; d[4] = g2; d[5] = A; d[6] = log2o; d[7] = 0.0;
+    // five 16-byte stores (the layout of fields.h); the float64 table only where a kernel reads it
+    float4* p = reinterpret_cast<float4*>(a.params + g * kParamWords);
+    p[0] = make_float4(static_cast<float>(mu[0]), static_cast<float>(mu[1]), static_cast<float>(mu[2]),
+                       static_cast<float>(l11));
+    p[1] = make_float4(static_cast<float>(l12), static_cast<float>(l22), static_cast<float>(g1), static_cast<float>(g2));
+    p[2] = make_float4(static_cast<float>(A), static_cast<float>(log2o),
+                       static_cast<float>(exp2(-2.0 * kKd * A * a.h * a.h)), static_cast<float>(o * a.cutoff_tol));
+    p[3] = make_float4(__int_as_float(cls), __int_as_float(lo[0]), __int_as_float(hi[0]), __int_as_float(lo[1]));
+    p[4] = make_float4(__int_as_float(hi[1]), __int_as_float(lo[2]), __int_as_float(hi[2]),
+                       __int_as_float(static_cast<int>(g)));
+    if (cls == kPrecise) {
+      double2* d = reinterpret_cast<double2*>(a.precise + g * kPreciseWords);
+      d[0] = make_double2(l11, l12);
+      d[1] = make_double2(l22, g1);
+      d[2] = make_double2(g2, A);
+      d[3] = make_double2(log2o, 0.0);
+    }
+    if (a.cell_counts != nullptr && cls == kScatter)
+      atomicAdd(a.cell_counts + scatter_cell(lo, hi, a.cell_shift, a.cell_bits), 1);
     if (a.tile_counts != nullptr && cls < kEmpty) {
       for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
         for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
@@ -167,15 +178,8 @@ __global__ void setup_kernel(const SetupArgs a) {
   }
 }
 
-// Inclusive prefix sums of the tile counts, one block of 1024 threads: each thread sums a contiguous
-// segment, the block scans the 1024 segment sums, each thread then writes its segment.
-__global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* out, int64_t m) {
-  __shared__ int64_t s_sum[1024];
-  const int64_t per = (m + 1023) / 1024;
-  const int64_t b = threadIdx.x * per, e = min(m, b + per);
-  int64_t sum = 0;
-  for (int64_t i = b; i < e; ++i) sum += counts[i];
-  s_sum[threadIdx.x] = sum;
+// In-place inclusive scan of s_sum[0 .. 1024) by a block of 1024 threads (ends with a barrier).
+__device__ __forceinline__ void block_scan_1024(int64_t* s_sum) {
   __syncthreads();
   for (int off = 1; off < 1024; off <<= 1) {
     const int64_t v = threadIdx.x >= off ? s_sum[threadIdx.x - off] : 0;
@@ -183,10 +187,49 @@ __global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* 
     s_sum[threadIdx.x] += v;
     __syncthreads();
   }
+}
+
+// Slices of a tile's list in variant 2 with splits (fast_kernel_v2 cuts it the same way): 0 when empty.
+__device__ __forceinline__ int64_t tile_slices(int64_t start, int64_t end, const SplitPlan& p) {
+  const int64_t len = end > p.capacity ? p.n : end - start;
+  if (len <= 0) return 0;
+  const int64_t per = max(p.split_min, (len + p.splits - 1) / p.splits);
+  return (len + per - 1) / per;
+}
+
+// Inclusive prefix sums of m int counts, one block of 1024 threads: each thread sums a contiguous
+// segment, the block scans the 1024 segment sums, each thread then writes its segment. With a plan
+// (plan.work != nullptr), the same block then lists the (tile, slice) work items of variant 2's split
+// kernel over the first plan.tiles counts, in tile order, and zeroes the kernel's work counter.
+__global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* out, int64_t m, const SplitPlan plan) {
+  __shared__ int64_t s_sum[1024];
+  const int64_t per = (m + 1023) / 1024;
+  const int64_t b = threadIdx.x * per, e = min(m, b + per);
+  int64_t sum = 0;
+  for (int64_t i = b; i < e; ++i) sum += counts[i];
+  s_sum[threadIdx.x] = sum;
+  block_scan_1024(s_sum);
   int64_t run = threadIdx.x == 0 ? 0 : s_sum[threadIdx.x - 1];
   for (int64_t i = b; i < e; ++i) {
     run += counts[i];
     out[i] = run;
+  }
+  if (plan.work == nullptr) return;
+  __syncthreads();  // out[] complete and visible to the block
+  const int64_t tper = (plan.tiles + 1023) / 1024;
+  const int64_t tb = threadIdx.x * tper, te = min(plan.tiles, tb + tper);
+  int64_t items = 0;
+  for (int64_t t = tb; t < te; ++t) items += tile_slices(t == 0 ? 0 : out[t - 1], out[t], plan);
+  s_sum[threadIdx.x] = items;
+  block_scan_1024(s_sum);
+  int64_t w = threadIdx.x == 0 ? 0 : s_sum[threadIdx.x - 1];
+  for (int64_t t = tb; t < te; ++t) {
+    const int64_t k = tile_slices(t == 0 ? 0 : out[t - 1], out[t], plan);
+    for (int64_t q = 0; q < k; ++q) plan.work[w++] = static_cast<int>(t * kMaxSplits + q);
+  }
+  if (threadIdx.x == 1023) {
+    plan.counters[0] = static_cast<int>(s_sum[1023]);  // work items
+    plan.counters[1] = 0;                              // next item to take
   }
 }
 
@@ -211,11 +254,20 @@ __global__ void fill_kernel(const FillArgs a) {
 __global__ void fill_bounded_kernel(const FillArgs a, int64_t capacity) {
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int* pi = reinterpret_cast<const int*>(a.params + g * kParamWords);
-    if (pi[12] >= kEmpty) continue;  // empty, or added by scatter_kernel
-    for (int tz = pi[17] / a.tile_z; tz <= pi[18] / a.tile_z; ++tz)
-      for (int ty = pi[15] / a.tile_y; ty <= pi[16] / a.tile_y; ++ty)
-        for (int tx = pi[13] / a.tile_x; tx <= pi[14] / a.tile_x; ++tx) {
+    const int4* pv = reinterpret_cast<const int4*>(a.params + g * kParamWords);
+    const int4 p3 = pv[3], p4 = pv[4];
+    const int cls = p3.x;
+    const int lo[3] = {p3.y, p3.w, p4.y}, hi[3] = {p3.z, p4.x, p4.z};
+    if (cls == kScatter && a.cell_cursor != nullptr) {
+      const int c = scatter_cell(lo, hi, a.cell_shift, a.cell_bits);
+      const int old = atomicSub(a.cell_cursor + c, 1);
+      a.scatter_list[a.cell_end[c] - *a.cell_base - old] = static_cast<int>(g);
+      continue;
+    }
+    if (cls >= kEmpty) continue;  // empty, or added by scatter_kernel
+    for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
+      for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
+        for (int tx = lo[0] / a.tile_x; tx <= hi[0] / a.tile_x; ++tx) {
           const int64_t t = (static_cast<int64_t>(tz) * a.nty + ty) * a.ntx + tx;
           if (a.tile_end[t] > capacity) continue;  // this tile scans every Gaussian
           const int old = atomicSub(a.tile_cursor + t, 1);
@@ -607,13 +659,10 @@ __global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
 // before the launch) with atomics; a tile with a shorter list is written by its first block alone, an
 // empty one not at all. Long lists on few tiles (wide Gaussians on a coarse grid) then no longer run on
 // a few blocks while the other SMs idle.
-template <int NCH, bool EXACT, int MINB, bool PAIR, bool SPLIT>
-__global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, int64_t capacity, int64_t n) {
+template <int NCH, bool EXACT, bool PAIR, bool SPLIT>
+__device__ __forceinline__ void v2_tile(const FastArgs& a, int tile, int split, int64_t capacity, int64_t n,
+                                        float4* s_par, float* s_z) {
   constexpr int TZ = 8 * NCH;
-  __shared__ float4 s_par[256 * 5];
-  __shared__ float s_z[TZ];
-  const int tile = SPLIT ? blockIdx.x / a.splits : blockIdx.x;
-  const int split = SPLIT ? blockIdx.x - tile * a.splits : 0;
   const WarpFootprint f = warp_footprint<TZ>(a, tile);
   int64_t start = tile == 0 ? 0 : a.tile_end[tile - 1];
   int64_t end = a.tile_end[tile];
@@ -652,6 +701,38 @@ __global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, in
   if (f.i < r && f.j < r) {
     if (SPLIT && add) add_column<TZ>(dst, vec, f.k0, r, acc);
     else store_column<TZ>(dst, vec, f.k0, r, acc);
+  }
+}
+
+// v2: same evaluation as fast_kernel, with (1) the tile's z coordinates in shared memory instead of
+// 8 * NCH registers, (2) a register cap for MINB resident blocks per SM (more warps in flight to
+// hide the dependent chains), (3) empty tiles write zeros and leave, (4) the list of fixed capacity
+// (tiles past it scan all N Gaussians, culled by their boxes: slow but exact), (5) with SPLIT (a.splits > 1):
+// a list longer than a.split_min entries is cut into up to a.splits slices of at least a.split_min entries,
+// whose partial columns are added to the grid (zeroed before the launch) with atomics; a tile with a shorter
+// list is written by one block alone, an empty one not at all. Long lists on few tiles (wide Gaussians on a
+// coarse grid) then no longer run on a few blocks while the other SMs idle. The (tile, slice) items are listed
+// by the scan kernel (SplitPlan) and taken by a grid of about one wave of blocks, in order, from a counter:
+// empty tiles cost nothing (one block per possible slice cost ~20 us of block waves at 128^3).
+template <int NCH, bool EXACT, int MINB, bool PAIR, bool SPLIT>
+__global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, int64_t capacity, int64_t n) {
+  constexpr int TZ = 8 * NCH;
+  __shared__ float4 s_par[256 * 5];
+  __shared__ float s_z[TZ];
+  if (!SPLIT) {
+    v2_tile<NCH, EXACT, PAIR, false>(a, blockIdx.x, 0, capacity, n, s_par, s_z);
+    return;
+  }
+  __shared__ int s_item;
+  const int items = a.counters[0];
+  for (;;) {
+    __syncthreads();  // the previous item is done with s_z, s_par and s_item
+    if (threadIdx.x == 0) s_item = atomicAdd(a.counters + 1, 1);
+    __syncthreads();
+    const int w = s_item;
+    if (w >= items) return;
+    const int item = a.work[w];
+    v2_tile<NCH, EXACT, PAIR, true>(a, item / kMaxSplits, item % kMaxSplits, capacity, n, s_par, s_z);
   }
 }
 
@@ -702,58 +783,187 @@ __global__ void __launch_bounds__(256) naive_kernel(const NaiveArgs a) {
 // ---------------------------------------------------------------------------------------------
 
 
-__global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+// Adds kScatter Gaussian g's terms, one lane per column of its cutoff box: to the grid (win == nullptr), or
+// to a window (float4 groups of 4 z-neighbours, layout window_group()) whose voxel (0, 0, 0) is grid voxel
+// (ox, oy, oz), oz a multiple of 4, the Gaussian's box inside it. Lanes own distinct columns, so the
+// window's load-add-store needs no atomics; the caller separates Gaussians with __syncwarp().
+__device__ __forceinline__ int window_group(int wx, int wy, int gz) {
+  // z groups of a column swizzled by y: the float4 accesses of 8 lanes on neighbouring columns hit 8
+  // distinct 4-bank groups
+  return (wx * kScatterWindow + wy) * (kScatterWindow / 4) + (gz ^ ((wy >> 1) & 3));
+}
+
+__device__ __forceinline__ void scatter_gaussian(const ScatterArgs& a, int64_t g, int lane, float4* win, int ox, int oy,
+                                                 int oz) {
   const float4* params = reinterpret_cast<const float4*>(a.params);
   const int64_t r = a.resolution;
   const float inv_h = 0.5f * static_cast<float>(a.resolution - 1);
   const float cut = a.cutoff_sq;
-  for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
-    const float4 p3 = __ldg(params + g * 5 + 3);
-    if (__float_as_int(p3.x) != kScatter) continue;
-    const float4 p0 = __ldg(params + g * 5), p1 = __ldg(params + g * 5 + 1), p2 = __ldg(params + g * 5 + 2);
-    const float4 p4 = __ldg(params + g * 5 + 4);
-    const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
-    const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
-    const int ny = hiy - loy + 1;
-    const int cols = (hix - lox + 1) * ny;
-    const float A = p2.x, log2o = p2.y;
-    const float nka = -kK * A, inv_a = 1.f / A;
-    const float lcut = fmaf(-kK, cut, log2o);
-    for (int c = lane; c < cols; c += 32) {
-      const int i = lox + c / ny, j = loy + c % ny;
-      const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
-      const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
-      const float q2 = fmaf(u1, u1, u2 * u2);
-      if (q2 > cut * 1.0001f) continue;
-      const float m = fmaf(p1.z, dx, p1.w * dy);
-      const float lc = fmaf(-kK, q2, log2o);
-      const float half = sqrtf(fmaxf(cut - q2, 0.f) * inv_a);
-      const float zc = p0.z + m;
-      const int k0 = max(loz, static_cast<int>(floorf((zc - half + 1.f) * inv_h)) - 1);
-      const int k1 = min(hiz, static_cast<int>(ceilf((zc + half + 1.f) * inv_h)) + 1);
+  const float4 p0 = __ldg(params + g * 5), p1 = __ldg(params + g * 5 + 1), p2 = __ldg(params + g * 5 + 2);
+  const float4 p3 = __ldg(params + g * 5 + 3), p4 = __ldg(params + g * 5 + 4);
+  const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
+  const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
+  const int ny = hiy - loy + 1;
+  const int cols = (hix - lox + 1) * ny;
+  const float A = p2.x, log2o = p2.y;
+  const float nka = -kK * A, inv_a = 1.f / A;
+  const float lcut = fmaf(-kK, cut, log2o);
+  for (int c = lane; c < cols; c += 32) {
+    const int i = lox + c / ny, j = loy + c % ny;
+    const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
+    const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
+    const float q2 = fmaf(u1, u1, u2 * u2);
+    if (q2 > cut * 1.0001f) continue;
+    const float m = fmaf(p1.z, dx, p1.w * dy);
+    const float lc = fmaf(-kK, q2, log2o);
+    const float half = sqrtf(fmaxf(cut - q2, 0.f) * inv_a);
+    const float zc = p0.z + m;
+    const int k0 = max(loz, static_cast<int>(floorf((zc - half + 1.f) * inv_h)) - 1);
+    const int k1 = min(hiz, static_cast<int>(ceilf((zc + half + 1.f) * inv_h)) + 1);
+    if (win != nullptr || a.vec4) {
       float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
-      if (a.vec4) {
-        for (int kq = k0 & ~3; kq <= k1; kq += 4) {
-          float v[4];
+      // the column's groups in the window: window_group(i - ox, j - oy, gz) = wcol + (gz ^ sw)
+      float4* wcol = win == nullptr ? nullptr : win + ((i - ox) * kScatterWindow + (j - oy)) * (kScatterWindow / 4);
+      const int sw = ((j - oy) >> 1) & 3;
+      for (int kq = k0 & ~3; kq <= k1; kq += 4) {
+        float v[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float t = (a.axis[kq + e] - p0.z) - m;
-            const float x = fmaf(nka * t, t, lc);
-            v[e] = x >= lcut ? ex2(x) : 0.f;
-          }
-          if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
-        }
-      } else {
-        for (int k = k0; k <= k1; ++k) {
-          const float t = (a.axis[k] - p0.z) - m;
+        for (int e = 0; e < 4; ++e) {
+          const float t = (a.axis[kq + e] - p0.z) - m;
           const float x = fmaf(nka * t, t, lc);
-          if (x >= lcut) atomicAdd(col + k, ex2(x));
+          v[e] = x >= lcut ? ex2(x) : 0.f;
         }
+        if (win != nullptr) {
+          float4* cell = wcol + (((kq - oz) >> 2) ^ sw);
+          float4 o = *cell;
+          o.x += v[0];
+          o.y += v[1];
+          o.z += v[2];
+          o.w += v[3];
+          *cell = o;
+        } else if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) {
+          red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
+        }
+      }
+    } else {
+      float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
+      for (int k = k0; k <= k1; ++k) {
+        const float t = (a.axis[k] - p0.z) - m;
+        const float x = fmaf(nka * t, t, lc);
+        if (x >= lcut) atomicAdd(col + k, ex2(x));
       }
     }
   }
+}
+
+__global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const float4* params = reinterpret_cast<const float4*>(a.params);
+  for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
+    if (__float_as_int(__ldg(params + g * 5 + 3).x) != kScatter) continue;
+    scatter_gaussian(a, g, lane, nullptr, 0, 0, 0);
+  }
+}
+
+__device__ __forceinline__ int warp_min(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+__device__ __forceinline__ int warp_max(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// Windowed scatter: warp w takes entries [32 B w, 32 B (w + 1)) of the cell-sorted list (neighbours in
+// space), places a kScatterWindow^3 window at their boxes' lowest corner (z rounded down to a multiple of
+// 4), sums every Gaussian whose box fits in it there (plain shared-memory adds, one Gaussian at a time),
+// adds the others straight to the grid, then adds the window's non-zero groups of 4 to the grid: one
+// global atomic per touched group instead of one per Gaussian and group. Two warps per block, each with
+// its own window (2 x 16 KB of shared memory).
+template <int B>
+__global__ void __launch_bounds__(64) scatter_window_kernel(const ScatterArgs a) {
+  constexpr int kW = kScatterWindow;
+  __shared__ float4 s_win[2][kW * kW * kW / 4];
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  float4* win = s_win[wid];
+  const int64_t total = *a.list_end - *a.list_base;
+  const int64_t start = (static_cast<int64_t>(blockIdx.x) * 2 + wid) * (32 * B);
+  if (start >= total) return;  // warp-uniform; the kernel has no block barrier
+  const int4* pv = reinterpret_cast<const int4*>(a.params);
+  int g[B], lo[B][3], hi[B][3];
+  int mlo[3] = {INT_MAX, INT_MAX, INT_MAX};
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    const int64_t e = start + 32 * b + lane;
+    g[b] = e < total ? a.list[e] : -1;
+    if (g[b] >= 0) {
+      const int4 p3 = pv[static_cast<int64_t>(g[b]) * 5 + 3], p4 = pv[static_cast<int64_t>(g[b]) * 5 + 4];
+      lo[b][0] = p3.y; hi[b][0] = p3.z; lo[b][1] = p3.w; hi[b][1] = p4.x; lo[b][2] = p4.y; hi[b][2] = p4.z;
+#pragma unroll
+      for (int k = 0; k < 3; ++k) mlo[k] = min(mlo[k], lo[b][k]);
+    }
+  }
+  const int ox = warp_min(mlo[0]), oy = warp_min(mlo[1]), oz = warp_min(mlo[2]) & ~3;
+  unsigned fit = 0;  // bit b: this lane's Gaussian of batch b fits in the window
+  int ext[3] = {0, 0, 0};
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    if (g[b] >= 0 && hi[b][0] - ox < kW && hi[b][1] - oy < kW && hi[b][2] - oz < kW) {
+      fit |= 1u << b;
+      ext[0] = max(ext[0], hi[b][0] - ox + 1);
+      ext[1] = max(ext[1], hi[b][1] - oy + 1);
+      ext[2] = max(ext[2], hi[b][2] - oz + 1);
+    }
+  }
+  const int ex = warp_max(ext[0]), ey = warp_max(ext[1]), ngz = (warp_max(ext[2]) + 3) >> 2;
+  const int groups = ex * ey * ngz;  // the part of the window the fitting boxes cover
+  for (int q = lane; q < groups; q += 32) {
+    const int gz = q % ngz, rest = q / ngz;
+    win[window_group(rest / ey, rest % ey, gz)] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    for (int s = 0; s < 32; ++s) {
+      const int gs = __shfl_sync(kFull, g[b], s);
+      const bool fs = (__shfl_sync(kFull, fit, s) >> b) & 1u;
+      if (gs < 0) break;  // warp-uniform: the list ended
+      scatter_gaussian(a, gs, lane, fs ? win : nullptr, ox, oy, oz);
+      __syncwarp();
+    }
+  }
+  const int64_t r = a.resolution;
+  for (int q = lane; q < groups; q += 32) {
+    const int gz = q % ngz, rest = q / ngz, wx = rest / ey, wy = rest % ey;
+    const float4 v = win[window_group(wx, wy, gz)];
+    if (v.x == 0.f && v.y == 0.f && v.z == 0.f && v.w == 0.f) continue;
+    const int k = oz + 4 * gz;
+    float* dst = a.out + (static_cast<int64_t>(ox + wx) * r + (oy + wy)) * r + k;
+    if (a.vec4) {
+      red_add_v4(dst, v.x, v.y, v.z, v.w);
+    } else {
+      const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (k + e < r && vv[e] != 0.f) atomicAdd(dst + e, vv[e]);
+    }
+  }
+}
+
+// Streaming multiprocessors of the current device (cached per device).
+int multiprocessors() {
+  static int cached[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (cached[dev] == 0) {
+    int v = 0;
+    cached[dev] = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0 ? v : 132;
+  }
+  return cached[dev];
 }
 
 int blocks_for(int64_t n, int threads) {
@@ -768,9 +978,10 @@ cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, cudaStream_t stream) {
+cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, const SplitPlan& plan, cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
-  scan_kernel<<<1, 1024, 0, stream>>>(counts, out, m);
+  if (plan.work != nullptr && (plan.tiles > m || plan.splits < 1 || plan.splits > kMaxSplits)) return cudaErrorInvalidValue;
+  scan_kernel<<<1, 1024, 0, stream>>>(counts, out, m, plan);
   return cudaGetLastError();
 }
 
@@ -808,8 +1019,16 @@ template <bool PAIR, bool SPLIT>
 static cudaError_t launch_fast_v2_t(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
                              cudaStream_t stream) {
   const int splits = SPLIT ? a.splits : 1;
-  if (splits < 1 || static_cast<int64_t>(num_tiles) * splits >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
-  const dim3 grid(num_tiles * splits), block(256);
+  if (splits < 1 || splits > kMaxSplits || static_cast<int64_t>(num_tiles) * kMaxSplits >= (int64_t(1) << 31))
+    return cudaErrorInvalidValue;
+  // SPLIT: about one wave of resident blocks takes the work items (at most one block per possible item)
+  int blocks = num_tiles;
+  if (SPLIT) {
+    const int minb = chunks == 4 ? kMinBlocks4 : (chunks == 2 ? kMinBlocks2 : kMinBlocks1);
+    blocks = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(num_tiles) * splits,
+                                                static_cast<int64_t>(multiprocessors()) * minb));
+  }
+  const dim3 grid(blocks), block(256);
   if (exact) {
     switch (chunks) {
       case 1: fast_kernel_v2<1, true, kMinBlocks1, PAIR, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
@@ -838,7 +1057,19 @@ cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_ti
 
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
-  scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
+  if (a.batch == 0) {
+    scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
+  if (a.list == nullptr || a.list_base == nullptr || a.list_end == nullptr) return cudaErrorInvalidValue;
+  // enough warps for n listed Gaussians (the list's length is only known on the device)
+  const int64_t blocks = (a.n + 2 * a.batch - 1) / (2 * a.batch);
+  if (blocks >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
+  switch (a.batch) {
+    case 32: scatter_window_kernel<1><<<static_cast<unsigned>(blocks), 64, 0, stream>>>(a); break;
+    case 64: scatter_window_kernel<2><<<static_cast<unsigned>(blocks), 64, 0, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

@@ -47,6 +47,10 @@ struct SetupArgs {
   int tile_x, tile_y, tile_z;     // tile size in voxels
   int ntx, nty, ntz;              // tiles per axis
   int* tile_counts;               // [ntx * nty * ntz], incremented
+  // windowed scatter (cell_counts != nullptr): each kScatter Gaussian counted in the cell of its box
+  // centre, cells of 2^cell_shift voxels numbered in Morton order (cell_bits bits per axis)
+  int* cell_counts;               // [2^(3 cell_bits)], incremented
+  int cell_shift, cell_bits;
   float* params;                  // [N, kParamWords] out
   double* precise;                // [N, kPreciseWords] out
 };
@@ -60,6 +64,26 @@ struct FillArgs {
   const int64_t* tile_end;        // [tiles] inclusive prefix sums of the counts
   int64_t base;                   // list position of the first entry of tile (0, 0, tz_begin)
   int* list;                      // [entries of this chunk] Gaussian indices
+  // windowed scatter (cell_cursor != nullptr; fill_bounded_kernel only): kScatter Gaussians sorted by
+  // cell into scatter_list. cell_end: inclusive prefix sums continuing the tiles' (tile_end), so entry
+  // positions are cell_end[c] - *cell_base - (remaining count)
+  int* cell_cursor;               // [cells] remaining count per cell (decremented)
+  const int64_t* cell_end;        // [cells]
+  const int64_t* cell_base;       // -> the tiles' total entries
+  int cell_shift, cell_bits;
+  int* scatter_list;              // [N] Gaussian indices, by cell in Morton order
+};
+
+// Variant 2 with splits: the scan kernel lists the split kernel's (tile, slice) work items.
+constexpr int kMaxSplits = 64;
+struct SplitPlan {
+  int* work = nullptr;            // [tiles * splits] out: tile * kMaxSplits + slice (nullptr: no plan)
+  int* counters = nullptr;        // [2] out: the number of work items; the kernel's next-item counter (zeroed)
+  int64_t tiles = 0;              // the first `tiles` scanned counts are the tiles'
+  int64_t capacity = 0;           // list capacity (tiles past it scan all n Gaussians)
+  int64_t n = 0;
+  int64_t split_min = 1;
+  int splits = 1;
 };
 
 struct FastArgs {
@@ -78,6 +102,8 @@ struct FastArgs {
   bool out_aligned;               // out is 16-byte aligned (vector stores allowed when R % 4 == 0)
   int splits = 1;                 // v2: blocks per tile (> 1: out must be zeroed before the launch)
   int64_t split_min = 1;          // v2: fewest list entries per block when a tile's list is split
+  const int* work = nullptr;      // v2 with splits: the work items and counters of SplitPlan
+  int* counters = nullptr;
 };
 
 struct NaiveArgs {
@@ -93,8 +119,9 @@ struct NaiveArgs {
 };
 
 cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream);
-// Inclusive prefix sums of m int counts into int64 (one block; replaces a cumsum and its dtype copy).
-cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, cudaStream_t stream);
+// Inclusive prefix sums of m int counts into int64 (one block; replaces a cumsum and its dtype copy), and
+// the split kernel's work items when plan.work is set.
+cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, const SplitPlan& plan, cudaStream_t stream);
 cudaError_t launch_fill(const FillArgs& a, cudaStream_t stream);
 // chunks: 8-voxel chunks per thread along z (tile_z = 8 * chunks); supported: 1, 2, 4.
 cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles, cudaStream_t stream);
@@ -108,9 +135,18 @@ struct ScatterArgs {
   float cutoff_sq;
   float* out;                     // [R, R, R], already holding the tiled kernel's result
   bool vec4;                      // R % 4 == 0 and out 16-byte aligned: 4-wide vector atomics
+  // windowed scatter (batch > 0): the kScatter Gaussians in scatter order, list[0 .. *list_end - *list_base)
+  int batch = 0;                  // Gaussians per warp: 0 (direct: every Gaussian straight to the grid), 32, 64
+  const int* list = nullptr;
+  const int64_t* list_base = nullptr;
+  const int64_t* list_end = nullptr;
 };
-// Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
-// column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
+// Adds every kScatter Gaussian's terms to `out` (exact mode), one lane per column of its cutoff box.
+// batch == 0: one warp per Gaussian, global atomic adds (vectors of 4 along z where allowed).
+// batch > 0: one warp per `batch` consecutive Gaussians of the cell-sorted list, summed in a private
+// shared-memory window of kScatterWindow^3 voxels placed at the batch's lowest corner, which is then
+// added to the grid once (Gaussians reaching past the window go straight to the grid).
+constexpr int kScatterWindow = 16;
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
 // v2 ("fast" variant 2): one list of `capacity` entries for every tile (FillArgs.base and tz range
 // unused); tiles whose entries end past the capacity scan all n Gaussians. No host synchronisation.
