@@ -31,7 +31,6 @@ from microdreamer.field.torch_impl import density_field_torch
 from microdreamer.kernels import (
     _backend,
     default_chunks,
-    default_scatter_batch,
     default_scatter_voxels,
     default_splits,
     default_variant,
@@ -173,27 +172,23 @@ def bench_case(
     variants=(1,),
     scatters=(0,),
     splits=(None,),
-    batches=(None,),
 ):
     for mode in modes:
         if mode == "upstream" and (quick or (name == "synthetic" and r == 512 and n >= 200_000)):
             continue
-        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants, scatters, splits, batches)
+        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants, scatters, splits)
         torch.cuda.empty_cache()
 
 
-def bench_mode(
-    name, n, r, mode, rows, naive_rate, quick, variants=(1,), scatters=(0,), splits=(None,), batches=(None,)
-):
+def bench_mode(name, n, r, mode, rows, naive_rate, quick, variants=(1,), scatters=(0,), splits=(None,)):
     cfg, sets = inputs_for(name, n, r, mode, copies=1 if name != "synthetic" else 3)
     n_kept = len(sets[0][0])
     row0 = {"input": name, "N": n_kept, "R": r, "mode": mode}
 
-    def fast(s, chunks, variant, scatter, split=None, batch=None):
+    def fast(s, chunks, variant, scatter, split=None):
         return extract_fields(
-            s[0], s[1], cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter, splits=split,
-            scatter_batch=batch,
-        )  # fmt: skip
+            s[0], s[1], cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter, splits=split
+        )
 
     def naive(s):
         return extract_fields(s[0], s[1], cfg, "naive")
@@ -210,41 +205,43 @@ def bench_mode(
     if mode != "exact":
         scatters = (0,)
     combos = [
-        (c, v, x, sp, b)
+        (c, v, x, sp)
         for v in variants
         for c in ((1, 2, 4) if mode == "exact" else (1, 2))
         for x in scatters
         for sp in (splits if v == 2 else (None,))
-        for b in (batches if mode == "exact" and v >= 2 and x > 0 else (None,))
     ]
-    for key in combos:
-        chunks, variant, scatter, split, batch = key
+    for chunks, variant, scatter, split in combos:
+        key = (chunks, variant, scatter, split)
         t0 = time.perf_counter()
-        fast(sets[0], *key)
+        fast(sets[0], chunks, variant, scatter, split)
         torch.cuda.synchronize()
         slow = time.perf_counter() - t0 > 0.02  # long runs: fewer repetitions
         reps = 3 if slow else (7 if quick else 21)
-        ms, times = cuda_time(lambda s, k=key: fast(s, *k), warmup=2, reps=reps, inputs=sets)
+        ms, times = cuda_time(
+            lambda s, c=chunks, v=variant, x=scatter, sp=split: fast(s, c, v, x, sp),
+            warmup=2,
+            reps=reps,
+            inputs=sets,
+        )
         t0 = time.perf_counter()
-        outs[key] = fast(sets[0], *key)
+        outs[key] = fast(sets[0], chunks, variant, scatter, split)
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) * 1e3
         used_splits = (split or default_splits(cfg, chunks)) if variant == 2 else 1
-        windowed = mode == "exact" and variant >= 2 and scatter > 0
-        used_batch = (default_scatter_batch(cfg) if batch is None else batch) if windowed else 0
         fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "variant": variant,
-                          "scatter_voxels": scatter, "splits": used_splits, "scatter_batch": used_batch,
+                          "scatter_voxels": scatter, "splits": used_splits,
                           "default": chunks == default_chunks(cfg) and variant == default_variant(cfg)
-                          and scatter == default_scatter_voxels(cfg) and split is None and batch is None,
+                          and scatter == default_scatter_voxels(cfg) and split is None,
                           "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
-                          "peak_MB": peak_mb(lambda s, k=key: fast(s, *k), sets[0])})  # fmt: skip
+                          "peak_MB": peak_mb(lambda s, c=chunks, v=variant, x=scatter, sp=split:
+                                             fast(s, c, v, x, sp), sets[0])})  # fmt: skip
         row_keys[id(fast_rows[-1])] = key
     rows.extend(fast_rows)
-    first = (
-        default_chunks(cfg), variants[0], scatters[0], splits[0] if variants[0] == 2 else None,
-        batches[0] if mode == "exact" and variants[0] >= 2 and scatters[0] > 0 else None,
-    )  # fmt: skip
-    fast_out = outs.get(first, outs[combos[0]])
+    fast_out = outs.get(
+        (default_chunks(cfg), variants[0], scatters[0], splits[0] if variants[0] == 2 else None),
+        outs[combos[0]],
+    )
     ref, ref_kind = None, None
     # the vectorised PyTorch path (on this GPU)
     if r == 128 and n_kept <= 60_000:
@@ -294,7 +291,6 @@ def table(rows: list[dict]) -> str:
             + (f"/c{row['chunks']}" if "chunks" in row else "")
             + (f"/v{row['variant']}" if "variant" in row else "")
             + (f"/s{row['splits']}" if row.get("splits", 1) > 1 else "")
-            + (f"/b{row['scatter_batch']}" if row.get("scatter_batch", 0) > 0 else "")
             + ("*" if row.get("default") else "")
         )
         ms = f"{row['median_ms']:.4g}" if "median_ms" in row else "-"
@@ -330,7 +326,6 @@ def must_show(rows: list[dict]) -> dict:
                 out[f"{key}_variant{tag}"] = row["variant"]
                 out[f"{key}_scatter_voxels{tag}"] = row.get("scatter_voxels")
                 out[f"{key}_splits{tag}"] = row.get("splits")
-                out[f"{key}_scatter_batch{tag}"] = row.get("scatter_batch")
                 out[f"{target_key}{tag}"] = row["median_ms"] <= limit
         if f128 and n128:
             out[f"speedup_vs_naive_128_50k{tag}"] = n128["median_ms"] / f128["median_ms"]
@@ -360,12 +355,6 @@ def main() -> None:
         default="default",
         help="variant 2: blocks per tile, comma-separated ('default': default_splits)",
     )
-    parser.add_argument(
-        "--scatter-batch",
-        default="default",
-        help="exact mode, variants 2 and 3: scatter_batch values (0, 32, 64), comma-separated "
-        "('default': default_scatter_batch)",
-    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_fields.py needs a CUDA GPU")
@@ -383,7 +372,6 @@ def main() -> None:
     variants = tuple(int(v) for v in args.variants.split(","))
     scatters = tuple(None if x == "default" else int(x) for x in args.scatter.split(","))
     splits = tuple(None if x == "default" else int(x) for x in args.splits.split(","))
-    batches = tuple(None if x == "default" else int(x) for x in args.scatter_batch.split(","))
     if args.cases:
         cases = [("synthetic", int(c.split("x")[0]), int(c.split("x")[1])) for c in args.cases.split(",")]
     else:
@@ -391,7 +379,7 @@ def main() -> None:
     real = sorted(p.name for p in SAMPLES.glob("*.ply")) if SAMPLES.is_dir() and not args.no_samples else []
     cases += [(name, None, r) for name in real for r in rs]
     for name, n, r in cases:
-        bench_case(name, n, r, rows, naive_rate, args.quick, modes, variants, scatters, splits, batches)
+        bench_case(name, n, r, rows, naive_rate, args.quick, modes, variants, scatters, splits)
         print(f"done {name} N={n} R={r} ({time.perf_counter() - t_start:.0f} s)", flush=True)
         partial.write_text(json.dumps({"rates": rates, "hardware": hw, "results": rows}, indent=1))
     # floors at 512^3 / 1M (exact mode): the grid's bytes, and the exponentials of a kernel that
@@ -418,8 +406,7 @@ def main() -> None:
         "notes": "fast: chunks = 8-voxel chunks per thread along z (tile 16 x 16 x 8*chunks); variant 1: "
         "host-sized lists (one sync per call), 2: fixed-capacity lists (no sync), register caps, empty tiles "
         "exit, 3: 2 + two Gaussians per warp step; /sK: variant 2 with K blocks per tile (long tile lists cut into "
-        "slices added with atomics); /bK: scattered Gaussians summed K per warp in a shared-memory window "
-        "(0: one warp per Gaussian, straight to the grid); * = default of the code that ran. "
+        "slices added with atomics); * = default of the code that ran. "
         "Timed runs of fast rotate over three seeded inputs of the same size (synthetic). "
         "torch = microdreamer.field.torch_impl on the GPU. naive runs predicted longer than "
         f"{NAIVE_BUDGET_S} s are skipped (cost ~ N R^3).",

@@ -142,22 +142,14 @@ IMPL_VARIANTS = (
     # (partial tiles added with atomics into the zeroed grid)
     + [("fast", c, 2, None, sp) for c in (1, 2, 4) for sp in (1, 2, 5)]
 )
-# the scatter kernels (exact mode): direct (0), windowed with 32 or 64 Gaussians per warp; the default
-# (32) runs in every case above with small Gaussians scattered and variant 2 or 3
-SCATTER_VARIANTS = [("fast", 2, v, s, None, b) for v in (2, 3) for s in (None, EVERYTHING) for b in (0, 64)]
 
 
 def _variants(mode):
-    cases = [(i, c, v, s, sp, None) for i, c, v, s, sp in IMPL_VARIANTS] + SCATTER_VARIANTS
     return [
-        (i, c, v, dict(chunks=c, variant=v, scatter_voxels=s, **_split_kw(sp), **_batch_kw(b)))
-        for i, c, v, s, sp, b in cases
-        if not (mode == "upstream" and (c == 4 or b is not None))
+        (i, c, v, dict(chunks=c, variant=v, scatter_voxels=s, **_split_kw(sp)))
+        for i, c, v, s, sp in IMPL_VARIANTS
+        if not (mode == "upstream" and c == 4)
     ]
-
-
-def _batch_kw(batch):
-    return {} if batch is None else dict(scatter_batch=batch)
 
 
 def _split_kw(splits):
@@ -299,10 +291,8 @@ def test_scatter_kernel_agrees_with_the_tiles(r):
     ref = density_field_torch(prepared.to("cuda"), grid, cfg)
     assert rel_err(tiled, ref) <= FIELD_REL_TOL
     for scatter in (64, 4096, EVERYTHING):
-        for variant, batch in ((1, 0), (2, 0), (2, 32), (2, 64), (3, 32)):
-            out = run_kernel(
-                prepared, grid, cfg, "fast", variant=variant, scatter_voxels=scatter, scatter_batch=batch
-            )
+        for variant in (1, 2):
+            out = run_kernel(prepared, grid, cfg, "fast", variant=variant, scatter_voxels=scatter)
             assert rel_err(out, ref) <= FIELD_REL_TOL
             assert rel_err(out, tiled) <= 2e-6  # rounding of two float32 paths (observed ~1e-7)
 
@@ -314,17 +304,6 @@ def test_scatter_voxels_must_be_non_negative():
     prepared, grid = prepare_gaussians(make_random_splat(10, seed=1), FieldConfig(resolution=16))
     with pytest.raises(ValueError, match="scatter_voxels"):
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), scatter_voxels=-1)
-
-
-@cuda
-def test_scatter_batch_must_be_supported():
-    from microdreamer.kernels import extract_fields
-
-    splat = make_random_splat(3, seed=5)
-    cfg = FieldConfig(resolution=16)
-    prepared, grid = prepare_gaussians(splat, cfg)
-    with pytest.raises(ValueError, match="scatter_batch"):
-        extract_fields(prepared.to("cuda"), grid, cfg, scatter_batch=16)
 
 
 @cuda
@@ -383,9 +362,8 @@ def test_large_against_torch_path(r, scale):
                     prepared, grid, cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter
                 )
                 assert rel_err(out, ref) <= FIELD_REL_TOL
-    for batch in (0, 32, 64):
-        out = run_kernel(prepared, grid, cfg, "fast", scatter_voxels=EVERYTHING, scatter_batch=batch)
-        assert rel_err(out, ref) <= FIELD_REL_TOL
+    out = run_kernel(prepared, grid, cfg, "fast", scatter_voxels=EVERYTHING)
+    assert rel_err(out, ref) <= FIELD_REL_TOL
     if r == 128:
         out = run_kernel(prepared, grid, cfg, "naive")
         assert rel_err(out, ref) <= FIELD_REL_TOL

@@ -49,7 +49,6 @@ __all__ = [
     "default_variant",
     "default_scatter_voxels",
     "default_splits",
-    "default_scatter_batch",
 ]
 
 IMPLS = ("fast", "naive")
@@ -101,15 +100,6 @@ def default_scatter_voxels(config: FieldConfig) -> int:
     return 4096 if config.mode == "exact" else 0
 
 
-SCATTER_BATCHES = (0, 32, 64)
-
-
-def default_scatter_batch(config: FieldConfig) -> int:
-    """fast, exact mode, variants 2 and 3: scattered Gaussians per warp of the windowed scatter kernel (0:
-    the direct scatter kernel, one warp per Gaussian adding straight to the grid)."""
-    return 32 if config.mode == "exact" else 0
-
-
 def _axis_table(r: int, length: int, device: torch.device) -> torch.Tensor:
     """[length] float32 grid coordinates -1 + 2 k / (R - 1): ``GridSpec.axis`` extended past R - 1."""
     key = ("axis", r, length, str(device))
@@ -142,7 +132,6 @@ def extract_fields(
     scatter_voxels: int | None = None,
     splits: int | None = None,
     split_min_entries: int = SPLIT_MIN_ENTRIES,
-    scatter_batch: int | None = None,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -164,10 +153,6 @@ def extract_fields(
             that many slices, evaluated by separate blocks and added with atomics); default
             :func:`default_splits`. Other variants ignore it.
         split_min_entries: fast, variant 2: fewest list entries per slice when a list is cut.
-        scatter_batch: fast, exact mode, variants 2 and 3: 32 or 64 scattered Gaussians per warp, sorted by
-            8^3-voxel cell and summed in a shared-memory window before one atomic add per touched group
-            of 4 voxels; 0: one warp per Gaussian adding straight to the grid (variant 1 always does
-            that); default :func:`default_scatter_batch`.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -200,10 +185,6 @@ def extract_fields(
         raise ValueError(
             f"splits must be in [1, 64] and split_min_entries >= 1, got {splits} and {split_min_entries}"
         )
-    if scatter_batch is None:
-        scatter_batch = default_scatter_batch(config)
-    if scatter_batch not in SCATTER_BATCHES:
-        raise ValueError(f"scatter_batch must be one of {SCATTER_BATCHES}, got {scatter_batch}")
     tz = 8 * chunks
     length = max(math.ceil(r / 16) * 16, math.ceil(r / tz) * tz) + 8
     axis = _axis_table(r, length, device)
@@ -220,7 +201,7 @@ def extract_fields(
         prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out,
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
         int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
-        int(splits), int(split_min_entries), int(scatter_batch),
+        int(splits), int(split_min_entries),
     )  # fmt: skip
 
 

@@ -42,7 +42,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           const at::Tensor& upper, at::Tensor out, bool exact, double cutoff_sq, double cutoff_tol,
                           int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries,
                           int64_t variant, int64_t list_capacity, int64_t scatter_voxels, int64_t splits,
-                          int64_t split_min, int64_t scatter_batch) {
+                          int64_t split_min) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -66,8 +66,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(scatter_voxels >= 0, "scatter_voxels must be >= 0, got ", scatter_voxels);
   TORCH_CHECK(splits >= 1 && splits <= 64, "splits must be in [1, 64], got ", splits);
   TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
-  TORCH_CHECK(scatter_batch == 0 || scatter_batch == 32 || scatter_batch == 64,
-              "scatter_batch must be 0, 32 or 64, got ", scatter_batch);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
   check_tensor(axis, "axis", at::kFloat, device);
@@ -92,25 +90,14 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(n_tiles < (int64_t(1) << 31), "too many tiles: ", n_tiles);
   auto fopts = means.options();
   const bool scatter = fast && exact && scatter_voxels > 0;
-  // windowed scatter (variants 2 and 3): the scattered Gaussians counted by cell of 8^3 voxels (coarser
-  // past 128 cells per axis), Morton order
-  const bool windowed = scatter && variant >= 2 && scatter_batch > 0;
-  int cell_shift = 3, cell_bits = 0;
-  while ((int64_t(1) << cell_bits) < ((r + 7) >> 3)) ++cell_bits;
-  if (cell_bits > 7) {
-    cell_shift += cell_bits - 7;
-    cell_bits = 7;
-  }
-  const int64_t n_cells = windowed ? int64_t(1) << (3 * cell_bits) : 0;
   // variant 2 with splits: the scan kernel lists the (tile, slice) work items
   const bool split = fast && variant == 2 && splits > 1 && n_tiles * microdreamer::kMaxSplits < (int64_t(1) << 31);
   const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
-  // one int32 workspace: counts (tiles, then cells; zeroed), split counters and work items, the scatter
-  // list, the tiles' list (variants 2, 3)
-  const int64_t n_counts = fast ? n_tiles + n_cells : 0;
+  // one int32 workspace: the tile counts (zeroed), the split kernel's counters and work items, the tiles'
+  // list (variants 2, 3)
+  const int64_t n_counts = fast ? n_tiles : 0;
   const int64_t n_work = split ? n_tiles * splits : 0;
-  const int64_t o_counters = n_counts, o_work = o_counters + 2, o_slist = o_work + n_work;
-  const int64_t o_list = o_slist + (windowed ? n : 0);
+  const int64_t o_counters = n_counts, o_work = o_counters + 2, o_list = o_work + n_work;
   const int64_t n_ints = o_list + (fast && variant >= 2 ? capacity : 0);
   at::Tensor ints = at::empty({std::max<int64_t>(n_ints, 1)}, fopts.dtype(at::kInt));
   int* counts = ints.data_ptr<int>();
@@ -140,9 +127,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.nty = static_cast<int>(nty);
   s.ntz = static_cast<int>(ntz);
   s.tile_counts = fast ? counts : nullptr;
-  s.cell_counts = windowed ? counts + n_tiles : nullptr;
-  s.cell_shift = cell_shift;
-  s.cell_bits = cell_bits;
   s.scatter_max_voxels = scatter ? scatter_voxels : 0;
   s.params = params.data_ptr<float>();
   s.precise = precise.data_ptr<double>();
@@ -165,9 +149,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     return out;
   }
 
-  // per-tile list offsets (then the cells'), and the split kernel's work items
-  at::Tensor ends = at::empty({n_tiles + n_cells}, fopts.dtype(at::kLong));
-  at::Tensor tile_end = ends.narrow(0, 0, n_tiles);
+  // per-tile list offsets, and the split kernel's work items
+  at::Tensor tile_end = at::empty({n_tiles}, fopts.dtype(at::kLong));
   microdreamer::SplitPlan plan{};
   if (split) {
     plan.work = counts + o_work;
@@ -178,7 +161,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     plan.split_min = split_min;
     plan.splits = static_cast<int>(splits);
   }
-  C10_CUDA_CHECK(microdreamer::launch_scan(counts, ends.data_ptr<int64_t>(), n_tiles + n_cells, plan, stream));
+  C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end.data_ptr<int64_t>(), n_tiles, plan, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // the small Gaussians (kScatter), added after the tiled kernel has written every voxel
@@ -192,12 +175,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     sa.cutoff_sq = static_cast<float>(cutoff_sq);
     sa.out = out.data_ptr<float>();
     sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0;
-    if (windowed) {
-      sa.batch = static_cast<int>(scatter_batch);
-      sa.list = counts + o_slist;
-      sa.list_base = ends.data_ptr<int64_t>() + n_tiles - 1;
-      sa.list_end = ends.data_ptr<int64_t>() + n_tiles + n_cells - 1;
-    }
     C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
@@ -217,7 +194,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     f.tz_begin = static_cast<int>(z0);
     f.tz_end = static_cast<int>(z1);
     f.tile_cursor = counts;
-    f.tile_end = ends.data_ptr<int64_t>();
+    f.tile_end = tile_end.data_ptr<int64_t>();
     f.base = base;
     f.list = list;
     return f;
@@ -227,7 +204,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     a.params = params.data_ptr<float>();
     a.precise = precise.data_ptr<double>();
     a.list = list;
-    a.tile_end = ends.data_ptr<int64_t>();
+    a.tile_end = tile_end.data_ptr<int64_t>();
     a.base = base;
     a.tile0 = static_cast<int>(z0 * nty * ntx);
     a.ntx = static_cast<int>(ntx);
@@ -247,15 +224,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
     // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
     int* list = counts + o_list;
-    microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
-    if (windowed) {
-      f.cell_cursor = counts + n_tiles;
-      f.cell_end = ends.data_ptr<int64_t>() + n_tiles;
-      f.cell_base = ends.data_ptr<int64_t>() + n_tiles - 1;
-      f.cell_shift = cell_shift;
-      f.cell_bits = cell_bits;
-      f.scatter_list = counts + o_slist;
-    }
+    const microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
     C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     microdreamer::FastArgs a = fast_args(list, 0, 0);

@@ -8,7 +8,6 @@
 // whose float32 rounding stays relative as long as the Gaussian is not too thin against its own box
 // (the class test below); thinner Gaussians take a float64 path ("precise").
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -80,16 +79,6 @@ __device__ void exact_range(double mu, double rad, double h, int r, int* lo, int
   fhi = fmin(fhi, r - 1.0);
   *lo = static_cast<int>(ceil(flo));
   *hi = static_cast<int>(floor(fhi));
-}
-
-// Morton index of a kScatter Gaussian's cell: the cell (2^shift voxels per side) of its box centre
-__device__ __forceinline__ int scatter_cell(const int (&lo)[3], const int (&hi)[3], int shift, int bits) {
-  int m = 0;
-  for (int k = 0; k < 3; ++k) {
-    const int c = ((lo[k] + hi[k]) >> 1) >> shift;
-    for (int b = 0; b < bits; ++b) m |= ((c >> b) & 1) << (3 * b + k);
-  }
-  return m;
 }
 
 __global__ void setup_kernel(const SetupArgs a) {
@@ -167,8 +156,6 @@ __global__ void setup_kernel(const SetupArgs a) {
       d[2] = make_double2(g2, A);
       d[3] = make_double2(log2o, 0.0);
     }
-    if (a.cell_counts != nullptr && cls == kScatter)
-      atomicAdd(a.cell_counts + scatter_cell(lo, hi, a.cell_shift, a.cell_bits), 1);
     if (a.tile_counts != nullptr && cls < kEmpty) {
       for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
         for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
@@ -258,12 +245,6 @@ __global__ void fill_bounded_kernel(const FillArgs a, int64_t capacity) {
     const int4 p3 = pv[3], p4 = pv[4];
     const int cls = p3.x;
     const int lo[3] = {p3.y, p3.w, p4.y}, hi[3] = {p3.z, p4.x, p4.z};
-    if (cls == kScatter && a.cell_cursor != nullptr) {
-      const int c = scatter_cell(lo, hi, a.cell_shift, a.cell_bits);
-      const int old = atomicSub(a.cell_cursor + c, 1);
-      a.scatter_list[a.cell_end[c] - *a.cell_base - old] = static_cast<int>(g);
-      continue;
-    }
     if (cls >= kEmpty) continue;  // empty, or added by scatter_kernel
     for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
       for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
@@ -783,173 +764,56 @@ __global__ void __launch_bounds__(256) naive_kernel(const NaiveArgs a) {
 // ---------------------------------------------------------------------------------------------
 
 
-// Adds kScatter Gaussian g's terms, one lane per column of its cutoff box: to the grid (win == nullptr), or
-// to a window (float4 groups of 4 z-neighbours, layout window_group()) whose voxel (0, 0, 0) is grid voxel
-// (ox, oy, oz), oz a multiple of 4, the Gaussian's box inside it. Lanes own distinct columns, so the
-// window's load-add-store needs no atomics; the caller separates Gaussians with __syncwarp().
-__device__ __forceinline__ int window_group(int wx, int wy, int gz) {
-  // z groups of a column swizzled by y: the float4 accesses of 8 lanes on neighbouring columns hit 8
-  // distinct 4-bank groups
-  return (wx * kScatterWindow + wy) * (kScatterWindow / 4) + (gz ^ ((wy >> 1) & 3));
-}
-
-__device__ __forceinline__ void scatter_gaussian(const ScatterArgs& a, int64_t g, int lane, float4* win, int ox, int oy,
-                                                 int oz) {
-  const float4* params = reinterpret_cast<const float4*>(a.params);
-  const int64_t r = a.resolution;
-  const float inv_h = 0.5f * static_cast<float>(a.resolution - 1);
-  const float cut = a.cutoff_sq;
-  const float4 p0 = __ldg(params + g * 5), p1 = __ldg(params + g * 5 + 1), p2 = __ldg(params + g * 5 + 2);
-  const float4 p3 = __ldg(params + g * 5 + 3), p4 = __ldg(params + g * 5 + 4);
-  const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
-  const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
-  const int ny = hiy - loy + 1;
-  const int cols = (hix - lox + 1) * ny;
-  const float A = p2.x, log2o = p2.y;
-  const float nka = -kK * A, inv_a = 1.f / A;
-  const float lcut = fmaf(-kK, cut, log2o);
-  for (int c = lane; c < cols; c += 32) {
-    const int i = lox + c / ny, j = loy + c % ny;
-    const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
-    const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
-    const float q2 = fmaf(u1, u1, u2 * u2);
-    if (q2 > cut * 1.0001f) continue;
-    const float m = fmaf(p1.z, dx, p1.w * dy);
-    const float lc = fmaf(-kK, q2, log2o);
-    const float half = sqrtf(fmaxf(cut - q2, 0.f) * inv_a);
-    const float zc = p0.z + m;
-    const int k0 = max(loz, static_cast<int>(floorf((zc - half + 1.f) * inv_h)) - 1);
-    const int k1 = min(hiz, static_cast<int>(ceilf((zc + half + 1.f) * inv_h)) + 1);
-    if (win != nullptr || a.vec4) {
-      float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
-      // the column's groups in the window: window_group(i - ox, j - oy, gz) = wcol + (gz ^ sw)
-      float4* wcol = win == nullptr ? nullptr : win + ((i - ox) * kScatterWindow + (j - oy)) * (kScatterWindow / 4);
-      const int sw = ((j - oy) >> 1) & 3;
-      for (int kq = k0 & ~3; kq <= k1; kq += 4) {
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float t = (a.axis[kq + e] - p0.z) - m;
-          const float x = fmaf(nka * t, t, lc);
-          v[e] = x >= lcut ? ex2(x) : 0.f;
-        }
-        if (win != nullptr) {
-          float4* cell = wcol + (((kq - oz) >> 2) ^ sw);
-          float4 o = *cell;
-          o.x += v[0];
-          o.y += v[1];
-          o.z += v[2];
-          o.w += v[3];
-          *cell = o;
-        } else if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) {
-          red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
-        }
-      }
-    } else {
-      float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
-      for (int k = k0; k <= k1; ++k) {
-        const float t = (a.axis[k] - p0.z) - m;
-        const float x = fmaf(nka * t, t, lc);
-        if (x >= lcut) atomicAdd(col + k, ex2(x));
-      }
-    }
-  }
-}
-
 __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const float4* params = reinterpret_cast<const float4*>(a.params);
-  for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
-    if (__float_as_int(__ldg(params + g * 5 + 3).x) != kScatter) continue;
-    scatter_gaussian(a, g, lane, nullptr, 0, 0, 0);
-  }
-}
-
-__device__ __forceinline__ int warp_min(int v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-}
-
-__device__ __forceinline__ int warp_max(int v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-}
-
-// Windowed scatter: warp w takes entries [32 B w, 32 B (w + 1)) of the cell-sorted list (neighbours in
-// space), places a kScatterWindow^3 window at their boxes' lowest corner (z rounded down to a multiple of
-// 4), sums every Gaussian whose box fits in it there (plain shared-memory adds, one Gaussian at a time),
-// adds the others straight to the grid, then adds the window's non-zero groups of 4 to the grid: one
-// global atomic per touched group instead of one per Gaussian and group. Two warps per block, each with
-// its own window (2 x 16 KB of shared memory).
-template <int B>
-__global__ void __launch_bounds__(64) scatter_window_kernel(const ScatterArgs a) {
-  constexpr int kW = kScatterWindow;
-  __shared__ float4 s_win[2][kW * kW * kW / 4];
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  float4* win = s_win[wid];
-  const int64_t total = *a.list_end - *a.list_base;
-  const int64_t start = (static_cast<int64_t>(blockIdx.x) * 2 + wid) * (32 * B);
-  if (start >= total) return;  // warp-uniform; the kernel has no block barrier
-  const int4* pv = reinterpret_cast<const int4*>(a.params);
-  int g[B], lo[B][3], hi[B][3];
-  int mlo[3] = {INT_MAX, INT_MAX, INT_MAX};
-#pragma unroll
-  for (int b = 0; b < B; ++b) {
-    const int64_t e = start + 32 * b + lane;
-    g[b] = e < total ? a.list[e] : -1;
-    if (g[b] >= 0) {
-      const int4 p3 = pv[static_cast<int64_t>(g[b]) * 5 + 3], p4 = pv[static_cast<int64_t>(g[b]) * 5 + 4];
-      lo[b][0] = p3.y; hi[b][0] = p3.z; lo[b][1] = p3.w; hi[b][1] = p4.x; lo[b][2] = p4.y; hi[b][2] = p4.z;
-#pragma unroll
-      for (int k = 0; k < 3; ++k) mlo[k] = min(mlo[k], lo[b][k]);
-    }
-  }
-  const int ox = warp_min(mlo[0]), oy = warp_min(mlo[1]), oz = warp_min(mlo[2]) & ~3;
-  unsigned fit = 0;  // bit b: this lane's Gaussian of batch b fits in the window
-  int ext[3] = {0, 0, 0};
-#pragma unroll
-  for (int b = 0; b < B; ++b) {
-    if (g[b] >= 0 && hi[b][0] - ox < kW && hi[b][1] - oy < kW && hi[b][2] - oz < kW) {
-      fit |= 1u << b;
-      ext[0] = max(ext[0], hi[b][0] - ox + 1);
-      ext[1] = max(ext[1], hi[b][1] - oy + 1);
-      ext[2] = max(ext[2], hi[b][2] - oz + 1);
-    }
-  }
-  const int ex = warp_max(ext[0]), ey = warp_max(ext[1]), ngz = (warp_max(ext[2]) + 3) >> 2;
-  const int groups = ex * ey * ngz;  // the part of the window the fitting boxes cover
-  for (int q = lane; q < groups; q += 32) {
-    const int gz = q % ngz, rest = q / ngz;
-    win[window_group(rest / ey, rest % ey, gz)] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  __syncwarp();
-#pragma unroll
-  for (int b = 0; b < B; ++b) {
-    for (int s = 0; s < 32; ++s) {
-      const int gs = __shfl_sync(kFull, g[b], s);
-      const bool fs = (__shfl_sync(kFull, fit, s) >> b) & 1u;
-      if (gs < 0) break;  // warp-uniform: the list ended
-      scatter_gaussian(a, gs, lane, fs ? win : nullptr, ox, oy, oz);
-      __syncwarp();
-    }
-  }
   const int64_t r = a.resolution;
-  for (int q = lane; q < groups; q += 32) {
-    const int gz = q % ngz, rest = q / ngz, wx = rest / ey, wy = rest % ey;
-    const float4 v = win[window_group(wx, wy, gz)];
-    if (v.x == 0.f && v.y == 0.f && v.z == 0.f && v.w == 0.f) continue;
-    const int k = oz + 4 * gz;
-    float* dst = a.out + (static_cast<int64_t>(ox + wx) * r + (oy + wy)) * r + k;
-    if (a.vec4) {
-      red_add_v4(dst, v.x, v.y, v.z, v.w);
-    } else {
-      const float vv[4] = {v.x, v.y, v.z, v.w};
+  const float inv_h = 0.5f * static_cast<float>(a.resolution - 1);
+  const float cut = a.cutoff_sq;
+  for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
+    const float4 p3 = __ldg(params + g * 5 + 3);
+    if (__float_as_int(p3.x) != kScatter) continue;
+    const float4 p0 = __ldg(params + g * 5), p1 = __ldg(params + g * 5 + 1), p2 = __ldg(params + g * 5 + 2);
+    const float4 p4 = __ldg(params + g * 5 + 4);
+    const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
+    const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
+    const int ny = hiy - loy + 1;
+    const int cols = (hix - lox + 1) * ny;
+    const float A = p2.x, log2o = p2.y;
+    const float nka = -kK * A, inv_a = 1.f / A;
+    const float lcut = fmaf(-kK, cut, log2o);
+    for (int c = lane; c < cols; c += 32) {
+      const int i = lox + c / ny, j = loy + c % ny;
+      const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
+      const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
+      const float q2 = fmaf(u1, u1, u2 * u2);
+      if (q2 > cut * 1.0001f) continue;
+      const float m = fmaf(p1.z, dx, p1.w * dy);
+      const float lc = fmaf(-kK, q2, log2o);
+      const float half = sqrtf(fmaxf(cut - q2, 0.f) * inv_a);
+      const float zc = p0.z + m;
+      const int k0 = max(loz, static_cast<int>(floorf((zc - half + 1.f) * inv_h)) - 1);
+      const int k1 = min(hiz, static_cast<int>(ceilf((zc + half + 1.f) * inv_h)) + 1);
+      float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
+      if (a.vec4) {
+        for (int kq = k0 & ~3; kq <= k1; kq += 4) {
+          float v[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (k + e < r && vv[e] != 0.f) atomicAdd(dst + e, vv[e]);
+          for (int e = 0; e < 4; ++e) {
+            const float t = (a.axis[kq + e] - p0.z) - m;
+            const float x = fmaf(nka * t, t, lc);
+            v[e] = x >= lcut ? ex2(x) : 0.f;
+          }
+          if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
+        }
+      } else {
+        for (int k = k0; k <= k1; ++k) {
+          const float t = (a.axis[k] - p0.z) - m;
+          const float x = fmaf(nka * t, t, lc);
+          if (x >= lcut) atomicAdd(col + k, ex2(x));
+        }
+      }
     }
   }
 }
@@ -1057,19 +921,7 @@ cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_ti
 
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
-  if (a.batch == 0) {
-    scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
-    return cudaGetLastError();
-  }
-  if (a.list == nullptr || a.list_base == nullptr || a.list_end == nullptr) return cudaErrorInvalidValue;
-  // enough warps for n listed Gaussians (the list's length is only known on the device)
-  const int64_t blocks = (a.n + 2 * a.batch - 1) / (2 * a.batch);
-  if (blocks >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
-  switch (a.batch) {
-    case 32: scatter_window_kernel<1><<<static_cast<unsigned>(blocks), 64, 0, stream>>>(a); break;
-    case 64: scatter_window_kernel<2><<<static_cast<unsigned>(blocks), 64, 0, stream>>>(a); break;
-    default: return cudaErrorInvalidValue;
-  }
+  scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -47,10 +47,6 @@ struct SetupArgs {
   int tile_x, tile_y, tile_z;     // tile size in voxels
   int ntx, nty, ntz;              // tiles per axis
   int* tile_counts;               // [ntx * nty * ntz], incremented
-  // windowed scatter (cell_counts != nullptr): each kScatter Gaussian counted in the cell of its box
-  // centre, cells of 2^cell_shift voxels numbered in Morton order (cell_bits bits per axis)
-  int* cell_counts;               // [2^(3 cell_bits)], incremented
-  int cell_shift, cell_bits;
   float* params;                  // [N, kParamWords] out
   double* precise;                // [N, kPreciseWords] out
 };
@@ -64,14 +60,6 @@ struct FillArgs {
   const int64_t* tile_end;        // [tiles] inclusive prefix sums of the counts
   int64_t base;                   // list position of the first entry of tile (0, 0, tz_begin)
   int* list;                      // [entries of this chunk] Gaussian indices
-  // windowed scatter (cell_cursor != nullptr; fill_bounded_kernel only): kScatter Gaussians sorted by
-  // cell into scatter_list. cell_end: inclusive prefix sums continuing the tiles' (tile_end), so entry
-  // positions are cell_end[c] - *cell_base - (remaining count)
-  int* cell_cursor;               // [cells] remaining count per cell (decremented)
-  const int64_t* cell_end;        // [cells]
-  const int64_t* cell_base;       // -> the tiles' total entries
-  int cell_shift, cell_bits;
-  int* scatter_list;              // [N] Gaussian indices, by cell in Morton order
 };
 
 // Variant 2 with splits: the scan kernel lists the split kernel's (tile, slice) work items.
@@ -135,18 +123,9 @@ struct ScatterArgs {
   float cutoff_sq;
   float* out;                     // [R, R, R], already holding the tiled kernel's result
   bool vec4;                      // R % 4 == 0 and out 16-byte aligned: 4-wide vector atomics
-  // windowed scatter (batch > 0): the kScatter Gaussians in scatter order, list[0 .. *list_end - *list_base)
-  int batch = 0;                  // Gaussians per warp: 0 (direct: every Gaussian straight to the grid), 32, 64
-  const int* list = nullptr;
-  const int64_t* list_base = nullptr;
-  const int64_t* list_end = nullptr;
 };
-// Adds every kScatter Gaussian's terms to `out` (exact mode), one lane per column of its cutoff box.
-// batch == 0: one warp per Gaussian, global atomic adds (vectors of 4 along z where allowed).
-// batch > 0: one warp per `batch` consecutive Gaussians of the cell-sorted list, summed in a private
-// shared-memory window of kScatterWindow^3 voxels placed at the batch's lowest corner, which is then
-// added to the grid once (Gaussians reaching past the window go straight to the grid).
-constexpr int kScatterWindow = 16;
+// Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
+// column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
 // v2 ("fast" variant 2): one list of `capacity` entries for every tile (FillArgs.base and tz range
 // unused); tiles whose entries end past the capacity scan all n Gaussians. No host synchronisation.
