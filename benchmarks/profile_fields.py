@@ -1,9 +1,12 @@
 """Where the fast field kernel's time goes: per-kernel device times of one ``extract_fields`` call.
 
     python benchmarks/profile_fields.py [--cases 50000x128,1000000x512] [--variant V] [--json FILE]
+        [--kw name=value ...] [--calls K]
 
 For each case (synthetic object, exact mode) it warms up, then records one call under
-``torch.profiler`` and prints each CUDA kernel's device time and the call's span; with ``--ncu`` the
+``torch.profiler`` and prints each CUDA kernel's device time and the call's span (with ``--calls K``: K
+calls, each kernel's median); ``--kw`` passes further keyword arguments to ``extract_fields``
+(values parsed as Python literals, e.g. ``--kw splits=1``); with ``--ncu`` the
 script is meant to run under Nsight Compute (``ncu --clock-control none -k regex:fast_kernel ...``) and
 makes just one call per case after the warm-up.
 """
@@ -11,7 +14,9 @@ makes just one call per case after the warm-up.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import statistics
 
 import torch
 
@@ -27,7 +32,10 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=None)
     ap.add_argument("--ncu", action="store_true", help="one plain call per case (for ncu)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--kw", action="append", default=[], help="name=value for extract_fields (repeatable)")
+    ap.add_argument("--calls", type=int, default=1, help="profiled calls (per-kernel medians)")
     args = ap.parse_args()
+    extra = {k: ast.literal_eval(v) for k, v in (x.split("=", 1) for x in args.kw)}
     report = []
     for case in args.cases.split(","):
         n, r = (int(v) for v in case.split("x"))
@@ -37,7 +45,7 @@ def main() -> None:
 
         def call(prepared=prepared, grid=grid, cfg=cfg, out=out):
             return extract_fields(
-                prepared, grid, cfg, "fast", out=out, variant=args.variant, chunks=args.chunks
+                prepared, grid, cfg, "fast", out=out, variant=args.variant, chunks=args.chunks, **extra
             )
 
         for _ in range(3):
@@ -48,23 +56,29 @@ def main() -> None:
             torch.cuda.synchronize()
             continue
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            call()
+            for _ in range(args.calls):
+                call()
             torch.cuda.synchronize()
-        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        rows = [
-            {
-                "name": e.name[:80],
-                "us": e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total,
-                "start_us": e.time_range.start,
-                "end_us": e.time_range.end,
-            }
-            for e in events
-        ]
-        span = max(x["end_us"] for x in rows) - min(x["start_us"] for x in rows) if rows else 0.0
-        print(f"\n{case}: {len(rows)} device ops, span {span:.1f} us")
+        events = sorted(
+            (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+            key=lambda e: e.time_range.start,
+        )
+        per_call = len(events) // args.calls
+        calls = [events[k * per_call : (k + 1) * per_call] for k in range(args.calls)]
+        rows = []
+        for pos in range(per_call):
+            ops = [c[pos] for c in calls]
+            us = [e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total for e in ops]
+            rows.append({"name": ops[0].name[:80], "us": statistics.median(us), "us_each": us})
+        spans = [c[-1].time_range.end - c[0].time_range.start for c in calls if c]
+        span = statistics.median(spans) if spans else 0.0
+        print(
+            f"\n{case} {extra or ''}: {per_call} device ops per call, span {span:.1f} us (median of {args.calls})"
+        )
         for x in rows:
             print(f"  {x['us']:10.1f} us  {x['name']}")
-        report.append({"case": case, "span_us": span, "ops": rows})
+        report.append({"case": case, "kwargs": extra, "calls": args.calls, "span_us": span, "spans_us": spans,
+                       "ops": rows})  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
