@@ -132,7 +132,6 @@ def extract_fields(
     scatter_voxels: int | None = None,
     splits: int | None = None,
     split_min_entries: int = SPLIT_MIN_ENTRIES,
-    scatter_zlanes: bool = True,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -202,7 +201,7 @@ def extract_fields(
         prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out,
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
         int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
-        int(splits), int(split_min_entries), bool(scatter_zlanes),
+        int(splits), int(split_min_entries),
     )  # fmt: skip
 
 

@@ -42,7 +42,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           const at::Tensor& upper, at::Tensor out, bool exact, double cutoff_sq, double cutoff_tol,
                           int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries,
                           int64_t variant, int64_t list_capacity, int64_t scatter_voxels, int64_t splits,
-                          int64_t split_min, bool scatter_zlanes) {
+                          int64_t split_min) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -175,7 +175,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     sa.cutoff_sq = static_cast<float>(cutoff_sq);
     sa.out = out.data_ptr<float>();
     sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0;
-    sa.zlanes = scatter_zlanes;
     C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };

@@ -783,37 +783,6 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
     const float A = p2.x, log2o = p2.y;
     const float nka = -kK * A, inv_a = 1.f / A;
     const float lcut = fmaf(-kK, cut, log2o);
-    const int g0 = loz >> 2, ng = (hiz >> 2) - g0 + 1;  // groups of 4 along z the box touches
-    if (a.zlanes && a.vec4 && ng <= 8) {
-      // lanes side by side along z: ng lanes per column (one group each), 32 / ng columns per step, so
-      // that one warp's atomics fall on fewer cache lines
-      const int per = 32 / ng, gl = lane % ng, cl = lane / ng;
-      const int kq = (g0 + gl) * 4;
-      for (int c = cl < per ? cl : cols; c < cols; c += per) {
-        const int i = lox + c / ny, j = loy + c % ny;
-        const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
-        const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
-        const float q2 = fmaf(u1, u1, u2 * u2);
-        if (q2 > cut * 1.0001f) continue;
-        const float m = fmaf(p1.z, dx, p1.w * dy);
-        const float lc = fmaf(-kK, q2, log2o);
-        const float half = sqrtf(fmaxf(cut - q2, 0.f) * inv_a);
-        const float zc = p0.z + m;
-        const int k0 = max(loz, static_cast<int>(floorf((zc - half + 1.f) * inv_h)) - 1);
-        const int k1 = min(hiz, static_cast<int>(ceilf((zc + half + 1.f) * inv_h)) + 1);
-        if (kq + 3 < k0 || kq > k1) continue;
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float t = (a.axis[kq + e] - p0.z) - m;
-          const float x = fmaf(nka * t, t, lc);
-          v[e] = x >= lcut ? ex2(x) : 0.f;
-        }
-        if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f)
-          red_add_v4(a.out + (static_cast<int64_t>(i) * r + j) * r + kq, v[0], v[1], v[2], v[3]);
-      }
-      continue;
-    }
     for (int c = lane; c < cols; c += 32) {
       const int i = lox + c / ny, j = loy + c % ny;
       const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;

@@ -123,7 +123,6 @@ struct ScatterArgs {
   float cutoff_sq;
   float* out;                     // [R, R, R], already holding the tiled kernel's result
   bool vec4;                      // R % 4 == 0 and out 16-byte aligned: 4-wide vector atomics
-  bool zlanes = false;            // vec4: lanes side by side along z (boxes of <= 8 groups of 4 along z)
 };
 // Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
 // column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
