@@ -132,7 +132,6 @@ def extract_fields(
     scatter_voxels: int | None = None,
     splits: int | None = None,
     split_min_entries: int = SPLIT_MIN_ENTRIES,
-    scatter_cells: bool = True,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -154,9 +153,6 @@ def extract_fields(
             that many slices, evaluated by separate blocks and added with atomics); default
             :func:`default_splits`. Other variants ignore it.
         split_min_entries: fast, variant 2: fewest list entries per slice when a list is cut.
-        scatter_cells: fast, exact mode, variants 2 and 3, R <= 256: the scatter kernel sums each 8^3-voxel
-            cell's small Gaussians in shared memory first and adds that to the grid once (``False``: every
-            Gaussian's terms go to the grid one by one, as at larger R and in variant 1).
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -205,7 +201,7 @@ def extract_fields(
         prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out,
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
         int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
-        int(splits), int(split_min_entries), bool(scatter_cells),
+        int(splits), int(split_min_entries),
     )  # fmt: skip
 
 

@@ -42,7 +42,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           const at::Tensor& upper, at::Tensor out, bool exact, double cutoff_sq, double cutoff_tol,
                           int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries,
                           int64_t variant, int64_t list_capacity, int64_t scatter_voxels, int64_t splits,
-                          int64_t split_min, bool scatter_cells) {
+                          int64_t split_min) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -90,19 +90,14 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(n_tiles < (int64_t(1) << 31), "too many tiles: ", n_tiles);
   auto fopts = means.options();
   const bool scatter = fast && exact && scatter_voxels > 0;
-  // cell scatter (variants 2 and 3, R <= 256): the scattered Gaussians listed by 8^3-voxel cell
-  const int64_t ncell = (r + microdreamer::kScatterCell - 1) / microdreamer::kScatterCell;
-  const bool cells = scatter && scatter_cells && variant >= 2 && ncell * ncell * ncell <= 32768;
-  const int64_t n_cells = cells ? ncell * ncell * ncell : 0;
   // variant 2 with splits: the scan kernel lists the (tile, slice) work items
   const bool split = fast && variant == 2 && splits > 1 && n_tiles * microdreamer::kMaxSplits < (int64_t(1) << 31);
   const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
-  // one int32 workspace: the tile counts, then the cells' (zeroed), the work counters, the split kernel's
-  // work items, the non-empty cells, the cell-sorted scatter list, the tiles' list (variants 2, 3)
-  const int64_t n_counts = fast ? n_tiles + n_cells : 0;
+  // one int32 workspace: the tile counts (zeroed), the split kernel's counters and work items, the tiles'
+  // list (variants 2, 3)
+  const int64_t n_counts = fast ? n_tiles : 0;
   const int64_t n_work = split ? n_tiles * splits : 0;
-  const int64_t o_counters = n_counts, o_work = o_counters + 4, o_cell_work = o_work + n_work;
-  const int64_t o_slist = o_cell_work + n_cells, o_list = o_slist + (cells ? n : 0);
+  const int64_t o_counters = n_counts, o_work = o_counters + 2, o_list = o_work + n_work;
   const int64_t n_ints = o_list + (fast && variant >= 2 ? capacity : 0);
   at::Tensor ints = at::empty({std::max<int64_t>(n_ints, 1)}, fopts.dtype(at::kInt));
   int* counts = ints.data_ptr<int>();
@@ -132,8 +127,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.nty = static_cast<int>(nty);
   s.ntz = static_cast<int>(ntz);
   s.tile_counts = fast ? counts : nullptr;
-  s.cell_counts = cells ? counts + n_tiles : nullptr;
-  s.ncell = static_cast<int>(ncell);
   s.scatter_max_voxels = scatter ? scatter_voxels : 0;
   s.params = params.data_ptr<float>();
   s.precise = precise.data_ptr<double>();
@@ -156,24 +149,19 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     return out;
   }
 
-  // per-tile list offsets (then the cells'), the split kernel's work items and the non-empty cells
-  at::Tensor ends = at::empty({n_tiles + n_cells}, fopts.dtype(at::kLong));
-  at::Tensor tile_end = ends.narrow(0, 0, n_tiles);
+  // per-tile list offsets, and the split kernel's work items
+  at::Tensor tile_end = at::empty({n_tiles}, fopts.dtype(at::kLong));
   microdreamer::SplitPlan plan{};
-  plan.counters = counts + o_counters;
-  if (cells) {
-    plan.cell_work = counts + o_cell_work;
-    plan.cells = n_cells;
-  }
   if (split) {
     plan.work = counts + o_work;
+    plan.counters = counts + o_counters;
     plan.tiles = n_tiles;
     plan.capacity = capacity;
     plan.n = n;
     plan.split_min = split_min;
     plan.splits = static_cast<int>(splits);
   }
-  C10_CUDA_CHECK(microdreamer::launch_scan(counts, ends.data_ptr<int64_t>(), n_tiles + n_cells, plan, stream));
+  C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end.data_ptr<int64_t>(), n_tiles, plan, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // the small Gaussians (kScatter), added after the tiled kernel has written every voxel
@@ -187,14 +175,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     sa.cutoff_sq = static_cast<float>(cutoff_sq);
     sa.out = out.data_ptr<float>();
     sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0;
-    if (cells) {
-      sa.list = counts + o_slist;
-      sa.cell_end = ends.data_ptr<int64_t>() + n_tiles;
-      sa.cell_base = ends.data_ptr<int64_t>() + n_tiles - 1;
-      sa.cell_work = plan.cell_work;
-      sa.counters = plan.counters + 2;
-      sa.ncell = static_cast<int>(ncell);
-    }
     C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
@@ -244,14 +224,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
     // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
     int* list = counts + o_list;
-    microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
-    if (cells) {
-      f.cell_cursor = counts + n_tiles;
-      f.cell_end = ends.data_ptr<int64_t>() + n_tiles;
-      f.cell_base = ends.data_ptr<int64_t>() + n_tiles - 1;
-      f.ncell = static_cast<int>(ncell);
-      f.scatter_list = counts + o_slist;
-    }
+    const microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
     C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     microdreamer::FastArgs a = fast_args(list, 0, 0);

@@ -81,13 +81,6 @@ __device__ void exact_range(double mu, double rad, double h, int r, int* lo, int
   *hi = static_cast<int>(floor(fhi));
 }
 
-// The cell of a kScatter Gaussian (cell scatter): the kScatterCell^3-voxel cell of its box centre.
-__device__ __forceinline__ int scatter_cell(const int (&lo)[3], const int (&hi)[3], int ncell) {
-  const int cx = ((lo[0] + hi[0]) >> 1) / kScatterCell, cy = ((lo[1] + hi[1]) >> 1) / kScatterCell;
-  const int cz = ((lo[2] + hi[2]) >> 1) / kScatterCell;
-  return (cz * ncell + cy) * ncell + cx;
-}
-
 __global__ void setup_kernel(const SetupArgs a) {
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -163,7 +156,6 @@ __global__ void setup_kernel(const SetupArgs a) {
       d[2] = make_double2(g2, A);
       d[3] = make_double2(log2o, 0.0);
     }
-    if (a.cell_counts != nullptr && cls == kScatter) atomicAdd(a.cell_counts + scatter_cell(lo, hi, a.ncell), 1);
     if (a.tile_counts != nullptr && cls < kEmpty) {
       for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
         for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
@@ -209,24 +201,6 @@ __global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* 
     run += counts[i];
     out[i] = run;
   }
-  if (plan.cell_work != nullptr) {
-    // the non-empty cells, counts [m - plan.cells, m)
-    __syncthreads();
-    const int64_t c0 = m - plan.cells;
-    const int64_t cper = (plan.cells + 1023) / 1024;
-    const int64_t cb = threadIdx.x * cper, ce = min(plan.cells, cb + cper);
-    int64_t nz = 0;
-    for (int64_t c = cb; c < ce; ++c) nz += counts[c0 + c] > 0;
-    s_sum[threadIdx.x] = nz;
-    block_scan_1024(s_sum);
-    int64_t w = threadIdx.x == 0 ? 0 : s_sum[threadIdx.x - 1];
-    for (int64_t c = cb; c < ce; ++c)
-      if (counts[c0 + c] > 0) plan.cell_work[w++] = static_cast<int>(c);
-    if (threadIdx.x == 1023) {
-      plan.counters[2] = static_cast<int>(s_sum[1023]);
-      plan.counters[3] = 0;
-    }
-  }
   if (plan.work == nullptr) return;
   __syncthreads();  // out[] complete and visible to the block
   const int64_t tper = (plan.tiles + 1023) / 1024;
@@ -271,12 +245,6 @@ __global__ void fill_bounded_kernel(const FillArgs a, int64_t capacity) {
     const int4 p3 = pv[3], p4 = pv[4];
     const int cls = p3.x;
     const int lo[3] = {p3.y, p3.w, p4.y}, hi[3] = {p3.z, p4.x, p4.z};
-    if (cls == kScatter && a.cell_cursor != nullptr) {
-      const int c = scatter_cell(lo, hi, a.ncell);
-      const int old = atomicSub(a.cell_cursor + c, 1);
-      a.scatter_list[a.cell_end[c] - *a.cell_base - old] = static_cast<int>(g);
-      continue;
-    }
     if (cls >= kEmpty) continue;  // empty, or added by scatter_kernel
     for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
       for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
@@ -796,161 +764,55 @@ __global__ void __launch_bounds__(256) naive_kernel(const NaiveArgs a) {
 // ---------------------------------------------------------------------------------------------
 
 
-// Cell scatter window: the cell's kScatterCell^3 voxels and a kScatterHalo margin in x and y, and along z a
-// margin rounded up to a multiple of 4 (the window's z groups of 4 then align with the grid's).
-constexpr int kWinXY = kScatterCell + 2 * kScatterHalo;
-constexpr int kWinHaloZ = (kScatterHalo + 3) / 4 * 4;
-constexpr int kWinGroupsZ = (kScatterCell + 2 * kWinHaloZ) / 4;
-constexpr int kWinGroups = kWinXY * kWinXY * kWinGroupsZ;  // float4 groups
-constexpr int kCellStage = 128;                           // Gaussians staged per round
-
-// Adds the terms of the kScatter Gaussian with parameters p[0..4] over the columns [x0, x1] x [y0, y1] of its
-// cutoff box, one lane per column walking the column's cutoff interval along z (found analytically, widened
-// by a voxel, every voxel then tested exactly as in process()): to the grid with global atomics (win ==
-// nullptr; four z-neighbours per vector atomic where the grid allows), or to a cell-scatter window whose
-// float4 group (wx, wy, gz) holds grid voxels (ox + wx, oy + wy, oz + 4 gz .. + 3), with plain adds (the
-// caller guarantees that no other thread touches these columns meanwhile).
-__device__ __forceinline__ void scatter_columns(const ScatterArgs& a, const float4 (&p)[5], int x0, int x1, int y0,
-                                                int y1, int lane, float4* win, int ox, int oy, int oz) {
-  const int64_t r = a.resolution;
-  const float inv_h = 0.5f * static_cast<float>(a.resolution - 1);
-  const float cut = a.cutoff_sq;
-  const float4 p0 = p[0], p1 = p[1], p2 = p[2], p4 = p[4];
-  const int loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
-  const int ny = y1 - y0 + 1;
-  const int cols = (x1 - x0 + 1) * ny;
-  const float A = p2.x, log2o = p2.y;
-  const float nka = -kK * A, inv_a = 1.f / A;
-  const float lcut = fmaf(-kK, cut, log2o);
-  for (int c = lane; c < cols; c += 32) {
-    const int i = x0 + c / ny, j = y0 + c % ny;
-    const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
-    const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
-    const float q2 = fmaf(u1, u1, u2 * u2);
-    if (q2 > cut * 1.0001f) continue;
-    const float m = fmaf(p1.z, dx, p1.w * dy);
-    const float lc = fmaf(-kK, q2, log2o);
-    const float half = sqrtf(fmaxf(cut - q2, 0.f) * inv_a);
-    const float zc = p0.z + m;
-    const int k0 = max(loz, static_cast<int>(floorf((zc - half + 1.f) * inv_h)) - 1);
-    const int k1 = min(hiz, static_cast<int>(ceilf((zc + half + 1.f) * inv_h)) + 1);
-    float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
-    if (win != nullptr || a.vec4) {
-      float4* wcol = win == nullptr ? nullptr : win + ((i - ox) * kWinXY + (j - oy)) * kWinGroupsZ;
-      for (int kq = k0 & ~3; kq <= k1; kq += 4) {
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float t = (a.axis[kq + e] - p0.z) - m;
-          const float x = fmaf(nka * t, t, lc);
-          v[e] = x >= lcut ? ex2(x) : 0.f;
-        }
-        if (win != nullptr) {
-          float4* g = wcol + ((kq - oz) >> 2);
-          float4 o = *g;
-          o.x += v[0];
-          o.y += v[1];
-          o.z += v[2];
-          o.w += v[3];
-          *g = o;
-        } else if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) {
-          red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
-        }
-      }
-    } else {
-      for (int k = k0; k <= k1; ++k) {
-        const float t = (a.axis[k] - p0.z) - m;
-        const float x = fmaf(nka * t, t, lc);
-        if (x >= lcut) atomicAdd(col + k, ex2(x));
-      }
-    }
-  }
-}
-
 __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const float4* params = reinterpret_cast<const float4*>(a.params);
-  for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
-    float4 p[5];
-    p[3] = __ldg(params + g * 5 + 3);
-    if (__float_as_int(p[3].x) != kScatter) continue;
-    p[0] = __ldg(params + g * 5);
-    p[1] = __ldg(params + g * 5 + 1);
-    p[2] = __ldg(params + g * 5 + 2);
-    p[4] = __ldg(params + g * 5 + 4);
-    scatter_columns(a, p, __float_as_int(p[3].y), __float_as_int(p[3].z), __float_as_int(p[3].w),
-                    __float_as_int(p[4].x), lane, nullptr, 0, 0, 0);
-  }
-}
-
-// Cell scatter: blocks take the non-empty cells from a counter. For each, the block zeroes its window, stages
-// the cell's Gaussians kCellStage at a time, and each warp adds every Gaussian that fits in the window over
-// the part of its box inside the warp's own region of the window (x in [5 (w % 4), + 5), y in [10 (w / 4),
-// + 10): disjoint, so plain adds); a Gaussian reaching past the window goes straight to the grid (warp
-// s % 8). The window's non-zero groups are then added to the grid with one atomic each.
-__global__ void __launch_bounds__(256) cell_scatter_kernel(const ScatterArgs a) {
-  static_assert(kWinXY == 20, "warp regions assume a 20 x 20-column window");
-  __shared__ float4 s_win[kWinGroups];
-  __shared__ float4 s_par[kCellStage * 5];
-  __shared__ int s_item;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int rx0 = 5 * (warp & 3), ry0 = 10 * (warp >> 2);  // the warp's region of the window
-  const float4* params = reinterpret_cast<const float4*>(a.params);
   const int64_t r = a.resolution;
-  const int ncell = a.ncell;
-  const int64_t base = *a.cell_base;
-  const int items = a.counters[0];
-  for (;;) {
-    __syncthreads();  // the previous cell is flushed
-    if (threadIdx.x == 0) s_item = atomicAdd(a.counters + 1, 1);
-    __syncthreads();
-    if (s_item >= items) return;
-    const int cell = a.cell_work[s_item];
-    const int cx = cell % ncell, cy = (cell / ncell) % ncell, cz = cell / (ncell * ncell);
-    const int ox = cx * kScatterCell - kScatterHalo, oy = cy * kScatterCell - kScatterHalo;
-    const int oz = cz * kScatterCell - kWinHaloZ;
-    for (int q = threadIdx.x; q < kWinGroups; q += blockDim.x) s_win[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-    const int64_t start = (cell == 0 ? base : a.cell_end[cell - 1]) - base, end = a.cell_end[cell] - base;
-    for (int64_t b = start; b < end; b += kCellStage) {
-      const int nb = static_cast<int>(min(static_cast<int64_t>(kCellStage), end - b));
-      __syncthreads();  // the previous round is done with s_par (and the window is zeroed)
-      for (int q = threadIdx.x; q < nb * 5; q += blockDim.x)
-        s_par[q] = __ldg(params + static_cast<int64_t>(a.list[b + q / 5]) * 5 + q % 5);
-      __syncthreads();
-      for (int s = 0; s < nb; ++s) {
-        float4 p[5];
-#pragma unroll
-        for (int q = 0; q < 5; ++q) p[q] = s_par[s * 5 + q];
-        const int lox = __float_as_int(p[3].y) - ox, hix = __float_as_int(p[3].z) - ox;
-        const int loy = __float_as_int(p[3].w) - oy, hiy = __float_as_int(p[4].x) - oy;
-        const int loz = __float_as_int(p[4].y) - oz, hiz = __float_as_int(p[4].z) - oz;
-        const bool fits = lox >= 0 && hix < kWinXY && loy >= 0 && hiy < kWinXY && loz >= 0 && hiz < 4 * kWinGroupsZ;
-        if (!fits) {
-          if (s % 8 == warp)
-            scatter_columns(a, p, lox + ox, hix + ox, loy + oy, hiy + oy, lane, nullptr, 0, 0, 0);
-          continue;
-        }
-        const int x0 = max(lox, rx0), x1 = min(hix, rx0 + 4), y0 = max(loy, ry0), y1 = min(hiy, ry0 + 9);
-        if (x0 > x1 || y0 > y1) continue;
-        scatter_columns(a, p, x0 + ox, x1 + ox, y0 + oy, y1 + oy, lane, s_win, ox, oy, oz);
-        __syncwarp();
-      }
-    }
-    __syncthreads();
-    for (int q = threadIdx.x; q < kWinGroups; q += blockDim.x) {
-      const float4 v = s_win[q];
-      if (v.x == 0.f && v.y == 0.f && v.z == 0.f && v.w == 0.f) continue;
-      const int gz = q % kWinGroupsZ, wy = (q / kWinGroupsZ) % kWinXY, wx = q / (kWinGroupsZ * kWinXY);
-      const int64_t x = ox + wx, y = oy + wy, k = oz + 4 * gz;  // inside the grid: only boxes write
-      float* dst = a.out + (x * r + y) * r + k;
+  const float inv_h = 0.5f * static_cast<float>(a.resolution - 1);
+  const float cut = a.cutoff_sq;
+  for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
+    const float4 p3 = __ldg(params + g * 5 + 3);
+    if (__float_as_int(p3.x) != kScatter) continue;
+    const float4 p0 = __ldg(params + g * 5), p1 = __ldg(params + g * 5 + 1), p2 = __ldg(params + g * 5 + 2);
+    const float4 p4 = __ldg(params + g * 5 + 4);
+    const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
+    const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
+    const int ny = hiy - loy + 1;
+    const int cols = (hix - lox + 1) * ny;
+    const float A = p2.x, log2o = p2.y;
+    const float nka = -kK * A, inv_a = 1.f / A;
+    const float lcut = fmaf(-kK, cut, log2o);
+    for (int c = lane; c < cols; c += 32) {
+      const int i = lox + c / ny, j = loy + c % ny;
+      const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
+      const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
+      const float q2 = fmaf(u1, u1, u2 * u2);
+      if (q2 > cut * 1.0001f) continue;
+      const float m = fmaf(p1.z, dx, p1.w * dy);
+      const float lc = fmaf(-kK, q2, log2o);
+      const float half = sqrtf(fmaxf(cut - q2, 0.f) * inv_a);
+      const float zc = p0.z + m;
+      const int k0 = max(loz, static_cast<int>(floorf((zc - half + 1.f) * inv_h)) - 1);
+      const int k1 = min(hiz, static_cast<int>(ceilf((zc + half + 1.f) * inv_h)) + 1);
+      float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
       if (a.vec4) {
-        red_add_v4(dst, v.x, v.y, v.z, v.w);
-      } else {
-        const float vv[4] = {v.x, v.y, v.z, v.w};
+        for (int kq = k0 & ~3; kq <= k1; kq += 4) {
+          float v[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (k + e < r && vv[e] != 0.f) atomicAdd(dst + e, vv[e]);
+          for (int e = 0; e < 4; ++e) {
+            const float t = (a.axis[kq + e] - p0.z) - m;
+            const float x = fmaf(nka * t, t, lc);
+            v[e] = x >= lcut ? ex2(x) : 0.f;
+          }
+          if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
+        }
+      } else {
+        for (int k = k0; k <= k1; ++k) {
+          const float t = (a.axis[k] - p0.z) - m;
+          const float x = fmaf(nka * t, t, lc);
+          if (x >= lcut) atomicAdd(col + k, ex2(x));
+        }
       }
     }
   }
@@ -983,7 +845,6 @@ cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream) {
 cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, const SplitPlan& plan, cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
   if (plan.work != nullptr && (plan.tiles > m || plan.splits < 1 || plan.splits > kMaxSplits)) return cudaErrorInvalidValue;
-  if (plan.cell_work != nullptr && (plan.cells > m || plan.counters == nullptr)) return cudaErrorInvalidValue;
   scan_kernel<<<1, 1024, 0, stream>>>(counts, out, m, plan);
   return cudaGetLastError();
 }
@@ -1060,16 +921,7 @@ cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_ti
 
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
-  if (a.cell_work == nullptr) {
-    scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
-    return cudaGetLastError();
-  }
-  if (a.list == nullptr || a.cell_end == nullptr || a.cell_base == nullptr || a.counters == nullptr || a.ncell < 1)
-    return cudaErrorInvalidValue;
-  // about four resident blocks per SM take the cells (at most one block per cell)
-  const int64_t cells = static_cast<int64_t>(a.ncell) * a.ncell * a.ncell;
-  const int blocks = static_cast<int>(std::min<int64_t>(cells, static_cast<int64_t>(multiprocessors()) * 4));
-  cell_scatter_kernel<<<blocks, 256, 0, stream>>>(a);
+  scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

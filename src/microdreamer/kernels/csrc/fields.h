@@ -47,10 +47,6 @@ struct SetupArgs {
   int tile_x, tile_y, tile_z;     // tile size in voxels
   int ntx, nty, ntz;              // tiles per axis
   int* tile_counts;               // [ntx * nty * ntz], incremented
-  // cell scatter (cell_counts != nullptr): each kScatter Gaussian counted in the kScatterCell^3-voxel cell
-  // of its box centre, cells numbered (cz * ncell + cy) * ncell + cx
-  int* cell_counts;               // [ncell^3], incremented
-  int ncell;
   float* params;                  // [N, kParamWords] out
   double* precise;                // [N, kPreciseWords] out
 };
@@ -64,23 +60,13 @@ struct FillArgs {
   const int64_t* tile_end;        // [tiles] inclusive prefix sums of the counts
   int64_t base;                   // list position of the first entry of tile (0, 0, tz_begin)
   int* list;                      // [entries of this chunk] Gaussian indices
-  // cell scatter (cell_cursor != nullptr; fill_bounded_kernel only): kScatter Gaussians listed by cell in
-  // scatter_list; cell_end continues the tiles' prefix sums, *cell_base is the tiles' total
-  int* cell_cursor;               // [cells] remaining count per cell (decremented)
-  const int64_t* cell_end;        // [cells]
-  const int64_t* cell_base;
-  int ncell;
-  int* scatter_list;              // [N]
 };
 
 // Variant 2 with splits: the scan kernel lists the split kernel's (tile, slice) work items.
 constexpr int kMaxSplits = 64;
 struct SplitPlan {
   int* work = nullptr;            // [tiles * splits] out: tile * kMaxSplits + slice (nullptr: no plan)
-  int* counters = nullptr;        // [4] out: the number of work items; the kernel's next-item counter (zeroed);
-                                  // the same two for the cell scatter's cells
-  int* cell_work = nullptr;       // [cells] out: the non-empty cells, in order (nullptr: none listed)
-  int64_t cells = 0;              // the counts after the tiles' are the cells'
+  int* counters = nullptr;        // [2] out: the number of work items; the kernel's next-item counter (zeroed)
   int64_t tiles = 0;              // the first `tiles` scanned counts are the tiles'
   int64_t capacity = 0;           // list capacity (tiles past it scan all n Gaussians)
   int64_t n = 0;
@@ -137,20 +123,9 @@ struct ScatterArgs {
   float cutoff_sq;
   float* out;                     // [R, R, R], already holding the tiled kernel's result
   bool vec4;                      // R % 4 == 0 and out 16-byte aligned: 4-wide vector atomics
-  // cell scatter (cell_work != nullptr): the kScatter Gaussians listed by cell (FillArgs.scatter_list)
-  const int* list = nullptr;
-  const int64_t* cell_end = nullptr;   // [cells], continuing the tiles' prefix sums
-  const int64_t* cell_base = nullptr;  // -> the tiles' total
-  const int* cell_work = nullptr;      // SplitPlan.cell_work
-  int* counters = nullptr;             // SplitPlan.counters + 2
-  int ncell = 0;
 };
-// Adds every kScatter Gaussian's terms to `out` (exact mode), one lane per column of its cutoff box.
-// Direct (cell_work == nullptr): one warp per Gaussian, global atomic adds (vectors of 4 along z where
-// allowed). Cell scatter: one block per non-empty cell sums the cell's Gaussians in a shared-memory window
-// (the cell and a kScatterHalo-voxel margin), its 8 warps owning disjoint column regions of it, then adds
-// the window to the grid; Gaussians reaching past the window are added directly.
-constexpr int kScatterCell = 8, kScatterHalo = 6;
+// Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
+// column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
 // v2 ("fast" variant 2): one list of `capacity` entries for every tile (FillArgs.base and tz range
 // unused); tiles whose entries end past the capacity scan all n Gaussians. No host synchronisation.
