@@ -3,26 +3,49 @@ fast kernel's time per input and grid size.
 
     python benchmarks/plot_fields.py [--results benchmarks/results] [--out-dir benchmarks/results]
 
-Reads ``ncu_fields_128_50k_h200.json`` (per-kernel device times of one call, Nsight Compute) and
-``fields_h200_defaults.json`` (bench_fields.py with the exact-mode defaults); writes
-``fields_h200_kernels_128_50k.png`` and ``fields_h200_defaults_R{128,256,512}.png``. Runs on the CPU.
+Reads ``fields_h200_profile.json`` (profile_fields.py: per-kernel device times of one default call, medians)
+and ``fields_h200_round6.json`` (bench_fields.py with the exact-mode defaults); writes
+``fields_h200_kernels_{R}_{N}.png`` per profiled case and ``fields_h200_defaults_R{128,256,512}.png``. Runs
+on the CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from microdreamer.profiling import plot_stages
 
+PROFILE, DEFAULTS = "fields_h200_profile.json", "fields_h200_round6.json"
 
-def kernel_chart(ncu: dict, out_dir: Path) -> Path:
-    times = {name: k["duration_us"] for name, k in ncu["kernels"].items() if k.get("duration_us")}
-    return plot_stages(
-        times, out_dir / "fields_h200_kernels_128_50k.png", "fields 128^3 / 50k, kernels of one call", "us"
-    )
+
+def kernel_name(name: str) -> str:
+    """A device op's name, short: 'void ns::(anonymous namespace)::fast_kernel_v2<4, ...>(...)' ->
+    'fast_kernel_v2', 'Memset (Device)' -> 'Memset'."""
+    match = re.search(r"(\w+)\s*[<(]", name)
+    return match.group(1) if match else name
+
+
+def kernel_charts(profile: dict, out_dir: Path) -> list[Path]:
+    paths = []
+    for case in profile["cases"]:
+        n, r = (int(v) for v in case["case"].split("x"))
+        times: dict[str, float] = {}
+        for op in case["ops"]:
+            key = kernel_name(op["name"])
+            times[key] = times.get(key, 0.0) + op["us"]
+        paths.append(
+            plot_stages(
+                times,
+                out_dir / f"fields_h200_kernels_{r}_{count(n)}.png",
+                f"fields {r}^3 / {count(n)}, kernels of one default call (H200, span {case['span_us']:.0f} us)",
+                "us",
+            )
+        )
+    return paths
 
 
 def short(name: str) -> str:
@@ -66,15 +89,11 @@ def main() -> None:
     results = Path(args.results)
     out_dir = Path(args.out_dir or results)
     out_dir.mkdir(parents=True, exist_ok=True)
-    missing = [
-        n
-        for n in ("ncu_fields_128_50k_h200.json", "fields_h200_defaults.json")
-        if not (results / n).is_file()
-    ]
+    missing = [n for n in (PROFILE, DEFAULTS) if not (results / n).is_file()]
     if missing:
         sys.exit(f"plot_fields.py: {', '.join(missing)} not found in {results}; pass --results DIR")
-    written = [kernel_chart(json.loads((results / "ncu_fields_128_50k_h200.json").read_text()), out_dir)]
-    written += default_charts(json.loads((results / "fields_h200_defaults.json").read_text()), out_dir)
+    written = kernel_charts(json.loads((results / PROFILE).read_text()), out_dir)
+    written += default_charts(json.loads((results / DEFAULTS).read_text()), out_dir)
     for p in written:
         print(p)
 

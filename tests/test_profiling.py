@@ -1,3 +1,4 @@
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,10 @@ def test_plot_fields_writes_the_charts(tmp_path):
         "fields_h200_defaults_R128.png",
         "fields_h200_defaults_R256.png",
         "fields_h200_defaults_R512.png",
+        "fields_h200_kernels_128_10k.png",
         "fields_h200_kernels_128_50k.png",
+        "fields_h200_kernels_256_200k.png",
+        "fields_h200_kernels_512_1M.png",
     ]
     assert all(_coloured_pixels(tmp_path / name) > 0 for name in written)
 
@@ -55,3 +59,14 @@ def test_plot_fields_without_results_says_what_is_missing(tmp_path):
     assert out.returncode != 0
     assert "not found" in out.stderr and "--results" in out.stderr
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_plot_fields_shortens_kernel_names():
+    spec = importlib.util.spec_from_file_location("plot_fields", ROOT / "benchmarks" / "plot_fields.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.kernel_name("ns::(anonymous namespace)::setup_kernel(ns::SetupArgs)") == "setup_kernel"
+    assert module.kernel_name(
+        "void ns::(anonymous namespace)::fast_kernel_v2<4, true>(ns::FastArgs, long)"
+    ) == ("fast_kernel_v2")
+    assert module.kernel_name("Memset (Device)") == "Memset"
