@@ -339,19 +339,6 @@ __device__ __forceinline__ void process_precise(const float4* s, const FastArgs&
   }
 }
 
-// Exact mode, float32 classes: does chunk c of the tile (voxels kc = k0 + 8 c .. kc + 7) reach the
-// Gaussian's cutoff in some lane's column? Its z range, then q at the chunk's z nearest to the column's
-// centre (1e-4 relative slack). t0: z - zc at the chunk's first voxel (set when the z ranges overlap).
-__device__ __forceinline__ bool chunk_reached(const float* zk, int c, int k0, int loz, int hiz, float muz, float m,
-                                              float A, float q2, float cutoff_sq, float& t0) {
-  const int kc = k0 + 8 * c;
-  if (kc > hiz || kc + 7 < loz) return false;
-  t0 = (zk[8 * c] - muz) - m;
-  const float t7 = (zk[8 * c + 7] - muz) - m;
-  const float tc = fmaxf(t0, fminf(t7, 0.f));
-  return __any_sync(kFull, fmaf(A * tc, tc, q2) <= cutoff_sq * 1.0001f);
-}
-
 // Exact mode, float32 classes: does a chunk whose z - zc spans [t0, t7] in the lane's column reach the
 // cutoff in some lane of the warp? q at the z nearest to the column's centre, 1e-4 relative slack.
 __device__ __forceinline__ bool chunk_reached(float t0, float t7, float A, float q2, float cutoff_sq) {
@@ -631,15 +618,7 @@ __global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
   }
 }
 
-// v2: same evaluation as fast_kernel, with (1) the tile's z coordinates in shared memory instead of
-// 8 * NCH registers, (2) a register cap for MINB resident blocks per SM (more warps in flight to
-// hide the dependent chains), (3) empty tiles write zeros and leave, (4) the list of fixed capacity
-// (tiles past it scan all N Gaussians, culled by their boxes: slow but exact), (5) with a.splits > 1,
-// a.splits blocks per tile: a list longer than a.split_min entries is cut into up to a.splits slices of
-// at least a.split_min entries, one per block, whose partial columns are added to the grid (zeroed
-// before the launch) with atomics; a tile with a shorter list is written by its first block alone, an
-// empty one not at all. Long lists on few tiles (wide Gaussians on a coarse grid) then no longer run on
-// a few blocks while the other SMs idle.
+// One block's work in fast_kernel_v2 (below): tile `tile`, and with SPLIT its slice `split` of the tile's list.
 template <int NCH, bool EXACT, bool PAIR, bool SPLIT>
 __device__ __forceinline__ void v2_tile(const FastArgs& a, int tile, int split, int64_t capacity, int64_t n,
                                         float4* s_par, float* s_z) {
@@ -883,7 +862,8 @@ template <bool PAIR, bool SPLIT>
 static cudaError_t launch_fast_v2_t(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
                              cudaStream_t stream) {
   const int splits = SPLIT ? a.splits : 1;
-  if (splits < 1 || splits > kMaxSplits || static_cast<int64_t>(num_tiles) * kMaxSplits >= (int64_t(1) << 31))
+  // SPLIT work items are tile * kMaxSplits + slice in an int
+  if (splits < 1 || splits > kMaxSplits || (SPLIT && static_cast<int64_t>(num_tiles) * kMaxSplits >= (int64_t(1) << 31)))
     return cudaErrorInvalidValue;
   // SPLIT: about one wave of resident blocks takes the work items (at most one block per possible item)
   int blocks = num_tiles;
