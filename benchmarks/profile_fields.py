@@ -5,10 +5,10 @@
 
 For each case (synthetic object, exact mode) it warms up, then records one call under
 ``torch.profiler`` and prints each CUDA kernel's device time and the call's span (with ``--calls K``: K
-calls, each kernel's median); ``--kw`` passes further keyword arguments to ``extract_fields``
-(values parsed as Python literals, e.g. ``--kw splits=1``); with ``--ncu`` the
-script is meant to run under Nsight Compute (``ncu --clock-control none -k regex:fast_kernel ...``) and
-makes just one call per case after the warm-up.
+calls, each kernel's median), then the host time per call (calls issued without a synchronisation).
+``--kw`` passes further keyword arguments to ``extract_fields`` (values parsed as Python literals, e.g.
+``--kw splits=1``); with ``--ncu`` the script is meant to run under Nsight Compute
+(``ncu --clock-control none -k regex:fast_kernel ...``) and makes just one call per case after the warm-up.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ import argparse
 import ast
 import json
 import statistics
+import time
 
 import torch
 
 from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.kernels import extract_fields
 from microdreamer.synthetic import make_synthetic_object
+
+HOST_CALLS = 30
 
 
 def main() -> None:
@@ -77,8 +80,17 @@ def main() -> None:
         )
         for x in rows:
             print(f"  {x['us']:10.1f} us  {x['name']}")
+        # host time per call: calls issued back to back without a synchronisation (the GPU queue stays
+        # below its depth), so this is the Python wrapper, the binding and the launches
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            call()
+        host_us = (time.perf_counter() - t0) / HOST_CALLS * 1e6
+        torch.cuda.synchronize()
+        print(f"  host: {host_us:.1f} us per call (mean of {HOST_CALLS} calls issued without a sync)")
         report.append({"case": case, "kwargs": extra, "calls": args.calls, "span_us": span, "spans_us": spans,
-                       "ops": rows})  # fmt: skip
+                       "host_us_per_call": host_us, "ops": rows})  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -36,13 +36,24 @@ void check_shape(const at::Tensor& t, const char* name, std::vector<int64_t> sha
   TORCH_CHECK(ok, name, " must have shape ", want, "], got ", sizes_of(t));
 }
 
-// extract_fields: fills `out` ([R, R, R] float32) with the density field and returns it.
+// One allocation for a call's scratch arrays: sections appended in order, each 16-byte aligned.
+struct Workspace {
+  int64_t bytes = 0;
+  int64_t add(int64_t count, int64_t size) {
+    const int64_t at = bytes;
+    bytes += (count * size + 15) / 16 * 16;
+    return at;
+  }
+};
+
+// extract_fields: fills `out` ([R, R, R] float32; allocated when not given) with the density field and
+// returns it.
 at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, const at::Tensor& transforms,
                           const at::Tensor& radii, const at::Tensor& axis, const at::Tensor& lower,
-                          const at::Tensor& upper, at::Tensor out, bool exact, double cutoff_sq, double cutoff_tol,
-                          int64_t block_voxels, const std::string& impl, int64_t chunks, int64_t max_list_entries,
-                          int64_t variant, int64_t list_capacity, int64_t scatter_voxels, int64_t splits,
-                          int64_t split_min) {
+                          const at::Tensor& upper, std::optional<at::Tensor> out_opt, int64_t resolution, bool exact,
+                          double cutoff_sq, double cutoff_tol, int64_t block_voxels, const std::string& impl,
+                          int64_t chunks, int64_t max_list_entries, int64_t variant, int64_t list_capacity,
+                          int64_t scatter_voxels, int64_t scatter_group, int64_t splits, int64_t split_min) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -55,15 +66,17 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   check_shape(transforms, "transforms", {n, 3, 3});
   check_tensor(radii, "radii", at::kFloat, device);
   check_shape(radii, "radii", {n, 3});
+  TORCH_CHECK(resolution >= 2 && resolution <= 4096, "resolution must be in [2, 4096], got ", resolution);
+  const int64_t r = resolution;
+  at::Tensor out = out_opt.has_value() ? *out_opt : at::empty({r, r, r}, means.options());
   check_tensor(out, "out", at::kFloat, device);
-  TORCH_CHECK(out.dim() == 3 && out.size(0) == out.size(1) && out.size(0) == out.size(2) && out.size(0) >= 2,
-              "out must have shape [R, R, R] with R >= 2, got ", sizes_of(out));
-  const int64_t r = out.size(0);
-  TORCH_CHECK(r <= 4096, "resolution must be <= 4096, got ", r);
+  check_shape(out, "out", {r, r, r});
   TORCH_CHECK(n < (int64_t(1) << 31), "at most 2^31 - 1 Gaussians, got ", n);
   TORCH_CHECK(impl == "fast" || impl == "naive", "impl must be 'fast' or 'naive', got '", impl, "'");
   TORCH_CHECK(variant >= 1 && variant <= 3, "variant must be 1, 2 or 3, got ", variant);
   TORCH_CHECK(scatter_voxels >= 0, "scatter_voxels must be >= 0, got ", scatter_voxels);
+  TORCH_CHECK(scatter_group == 1 || scatter_group == 4 || scatter_group == 8 || scatter_group == 16,
+              "scatter_group must be 1, 4, 8 or 16, got ", scatter_group);
   TORCH_CHECK(splits >= 1 && splits <= 64, "splits must be in [1, 64], got ", splits);
   TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
@@ -71,7 +84,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   check_tensor(axis, "axis", at::kFloat, device);
   const int64_t tz = 8 * chunks;
   const int64_t ntx = (r + 15) / 16, ntz = (r + tz - 1) / tz;
-  const int64_t axis_needed = std::max(ntx * 16, ntz * tz);
+  const int64_t axis_needed = std::max(ntx * 16, ntz * tz) + 4;
   TORCH_CHECK(axis.dim() == 1 && axis.size(0) >= axis_needed, "axis must have shape [>= ", axis_needed, "], got ",
               sizes_of(axis));
   if (!exact) {
@@ -88,22 +101,43 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const bool fast = impl == "fast";
   const int64_t nty = ntx, n_tiles = ntx * nty * ntz;
   TORCH_CHECK(n_tiles < (int64_t(1) << 31), "too many tiles: ", n_tiles);
-  auto fopts = means.options();
   const bool scatter = fast && exact && scatter_voxels > 0;
+  // the grouped scatter (variant 2 only: its fill lists the cells) needs 16-byte runs of the grid
+  const bool grouped = scatter && variant == 2 && scatter_group > 1 && r % 4 == 0 &&
+                       reinterpret_cast<uintptr_t>(out.data_ptr<float>()) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(axis.data_ptr<float>()) % 16 == 0;
   // variant 2 with splits: the scan kernel lists the (tile, slice) work items
   const bool split = fast && variant == 2 && splits > 1 && n_tiles * microdreamer::kMaxSplits < (int64_t(1) << 31);
   const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
-  // one int32 workspace: the tile counts (zeroed), the split kernel's counters and work items, the tiles'
+  // one workspace: parameters, float64 table, tile ends, then int32 arrays: the tile and cell counts
+  // (zeroed together), the split kernel's counters and work items, the cell ends and list, the tiles'
   // list (variants 2, 3)
-  const int64_t n_counts = fast ? n_tiles : 0;
-  const int64_t n_work = split ? n_tiles * splits : 0;
-  const int64_t o_counters = n_counts, o_work = o_counters + 2, o_list = o_work + n_work;
-  const int64_t n_ints = o_list + (fast && variant >= 2 ? capacity : 0);
-  at::Tensor ints = at::empty({std::max<int64_t>(n_ints, 1)}, fopts.dtype(at::kInt));
-  int* counts = ints.data_ptr<int>();
-  at::Tensor params = at::empty({n, kParamWords}, fopts);
-  at::Tensor precise = at::empty({n, kPreciseWords}, fopts.dtype(at::kDouble));
-  if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts, 0, n_counts * sizeof(int), stream));
+  Workspace ws;
+  const int64_t o_params = ws.add(n * kParamWords, sizeof(float));
+  const int64_t o_precise = ws.add(n * kPreciseWords, sizeof(double));
+  const int64_t o_tile_end = ws.add(fast ? n_tiles : 0, sizeof(int64_t));
+  const int64_t o_counts = ws.add(fast ? n_tiles : 0, sizeof(int));
+  const int64_t o_cell_counts = ws.add(grouped ? microdreamer::kCells : 0, sizeof(int));
+  const int64_t zeroed_bytes = ws.bytes - o_counts;
+  const int64_t o_counters = ws.add(2, sizeof(int));
+  const int64_t o_work = ws.add(split ? n_tiles * splits : 0, sizeof(int));
+  const int64_t o_cell_ends = ws.add(grouped ? microdreamer::kCells : 0, sizeof(int));
+  const int64_t o_cell_list = ws.add(grouped ? n : 0, sizeof(int));
+  const int64_t o_list = ws.add(fast && variant >= 2 ? capacity : 0, sizeof(int));
+  at::Tensor workspace = at::empty({ws.bytes}, means.options().dtype(at::kByte));
+  char* base = reinterpret_cast<char*>(workspace.data_ptr<uint8_t>());
+  float* params = reinterpret_cast<float*>(base + o_params);
+  double* precise = reinterpret_cast<double*>(base + o_precise);
+  int64_t* tile_end = reinterpret_cast<int64_t*>(base + o_tile_end);
+  int* counts = reinterpret_cast<int*>(base + o_counts);
+  microdreamer::CellSort cells{};
+  if (grouped) {
+    cells.counts = reinterpret_cast<int*>(base + o_cell_counts);
+    cells.ends = reinterpret_cast<int*>(base + o_cell_ends);
+    cells.list = reinterpret_cast<int*>(base + o_cell_list);
+    while (((r - 1) >> cells.shift) >= microdreamer::kCellsAxis) ++cells.shift;
+  }
+  if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts, 0, zeroed_bytes, stream));
 
   microdreamer::SetupArgs s{};
   s.means = means.data_ptr<float>();
@@ -128,15 +162,16 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.ntz = static_cast<int>(ntz);
   s.tile_counts = fast ? counts : nullptr;
   s.scatter_max_voxels = scatter ? scatter_voxels : 0;
-  s.params = params.data_ptr<float>();
-  s.precise = precise.data_ptr<double>();
+  s.params = params;
+  s.precise = precise;
+  s.cells = cells;
   C10_CUDA_CHECK(microdreamer::launch_setup(s, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   if (!fast) {
     microdreamer::NaiveArgs a{};
-    a.params = params.data_ptr<float>();
-    a.precise = precise.data_ptr<double>();
+    a.params = params;
+    a.precise = precise;
     a.n = n;
     a.resolution = static_cast<int>(r);
     a.exact = exact;
@@ -149,26 +184,40 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     return out;
   }
 
-  // per-tile list offsets, and the split kernel's work items
-  at::Tensor tile_end = at::empty({n_tiles}, fopts.dtype(at::kLong));
+  // per-tile list offsets, the split kernel's work items, the cell ends
   microdreamer::SplitPlan plan{};
   if (split) {
-    plan.work = counts + o_work;
-    plan.counters = counts + o_counters;
+    plan.work = reinterpret_cast<int*>(base + o_work);
+    plan.counters = reinterpret_cast<int*>(base + o_counters);
     plan.tiles = n_tiles;
     plan.capacity = capacity;
     plan.n = n;
     plan.split_min = split_min;
     plan.splits = static_cast<int>(splits);
   }
-  C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end.data_ptr<int64_t>(), n_tiles, plan, stream));
+  C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, cells, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // the small Gaussians (kScatter), added after the tiled kernel has written every voxel
   auto add_scattered = [&]() {
     if (!scatter) return;
+    if (grouped) {
+      microdreamer::GroupScatterArgs ga{};
+      ga.params = params;
+      ga.list = cells.list;
+      ga.ends = cells.ends;
+      ga.n = n;
+      ga.resolution = static_cast<int>(r);
+      ga.axis = axis.data_ptr<float>();
+      ga.cutoff_sq = static_cast<float>(cutoff_sq);
+      ga.out = out.data_ptr<float>();
+      ga.shift = cells.shift;
+      C10_CUDA_CHECK(microdreamer::launch_group_scatter(ga, static_cast<int>(scatter_group), stream));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
     microdreamer::ScatterArgs sa{};
-    sa.params = params.data_ptr<float>();
+    sa.params = params;
     sa.n = n;
     sa.resolution = static_cast<int>(r);
     sa.axis = axis.data_ptr<float>();
@@ -183,7 +232,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   // entries start at position `base` of `list` (all tiles at once: z0 = 0, z1 = ntz, base = 0)
   auto fill_args = [&](int* list, int64_t z0, int64_t z1, int64_t base) {
     microdreamer::FillArgs f{};
-    f.params = params.data_ptr<float>();
+    f.params = params;
     f.n = n;
     f.tile_x = 16;
     f.tile_y = 16;
@@ -194,17 +243,17 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     f.tz_begin = static_cast<int>(z0);
     f.tz_end = static_cast<int>(z1);
     f.tile_cursor = counts;
-    f.tile_end = tile_end.data_ptr<int64_t>();
+    f.tile_end = tile_end;
     f.base = base;
     f.list = list;
     return f;
   };
   auto fast_args = [&](const int* list, int64_t z0, int64_t base) {
     microdreamer::FastArgs a{};
-    a.params = params.data_ptr<float>();
-    a.precise = precise.data_ptr<double>();
+    a.params = params;
+    a.precise = precise;
     a.list = list;
-    a.tile_end = tile_end.data_ptr<int64_t>();
+    a.tile_end = tile_end;
     a.base = base;
     a.tile0 = static_cast<int>(z0 * nty * ntx);
     a.ntx = static_cast<int>(ntx);
@@ -223,8 +272,9 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   if (variant >= 2) {
     // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
     // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
-    int* list = counts + o_list;
-    const microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
+    int* list = reinterpret_cast<int*>(base + o_list);
+    microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
+    f.cells = cells;
     C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     microdreamer::FastArgs a = fast_args(list, 0, 0);
@@ -242,7 +292,11 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     return out;
   }
   // variant 1: the host reads the entries per z-slab of tiles to size and chunk the lists (a sync)
-  at::Tensor slab_end = tile_end.view({ntz, nty * ntx}).select(1, nty * ntx - 1).cpu();  // synchronises
+  at::Tensor slab_end = workspace.narrow(0, o_tile_end, n_tiles * static_cast<int64_t>(sizeof(int64_t)))
+                           .view(at::kLong)
+                           .view({ntz, nty * ntx})
+                           .select(1, nty * ntx - 1)
+                           .cpu();  // synchronises
   const int64_t* se = slab_end.data_ptr<int64_t>();
   std::vector<std::pair<int64_t, int64_t>> slabs;  // [z0, z1) chunks of z-slabs
   int64_t largest = 0;
@@ -254,7 +308,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     slabs.emplace_back(z0, z1);
     z0 = z1;
   }
-  at::Tensor list_t = at::empty({std::max<int64_t>(largest, 1)}, fopts.dtype(at::kInt));
+  at::Tensor list_t = at::empty({std::max<int64_t>(largest, 1)}, means.options().dtype(at::kInt));
   int* list = list_t.data_ptr<int>();
   for (const auto& [z0, z1] : slabs) {
     const int64_t base = z0 == 0 ? 0 : se[z0 - 1];
