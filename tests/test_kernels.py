@@ -129,35 +129,27 @@ def test_gaussian_3d_coeff_positive_exponent_is_zero():
 # extract_fields against the float64 reference
 # ----------------------------------------------------------------------------------------------
 
-# (impl, chunks, variant, scatter_voxels, splits, scatter_group): the naive kernel, and the fast kernel at
-# every tile depth in its three variants (1: host-sized lists; 2: fixed-capacity lists, no host sync; 3:
-# 2 + Gaussian pairs), each with no scatter kernel (0: every Gaussian tiled) and with the default split
-# (None: small Gaussians scattered, exact mode); EVERYTHING: every non-degenerate Gaussian scattered.
-# Variant 2 scatters sorted groups of scatter_group Gaussians per warp (None: the default, 8) where R is a
-# multiple of 4, one Gaussian per warp elsewhere and in variants 1 and 3
+# (impl, chunks, variant, scatter_voxels): the naive kernel, and the fast kernel at every tile depth in
+# its three variants (1: host-sized lists; 2: fixed-capacity lists, no host sync; 3: 2 + Gaussian pairs),
+# each with no scatter kernel (0: every Gaussian tiled) and with the default split (None: small Gaussians
+# scattered, exact mode); EVERYTHING: every non-degenerate Gaussian scattered
 EVERYTHING = 1 << 40
 IMPL_VARIANTS = (
-    [("naive", None, None, None, None, None)]
-    + [("fast", c, v, s, None, None) for v in (1, 2, 3) for c in (1, 2, 4) for s in (0, None)]
-    + [("fast", 1, v, EVERYTHING, None, None) for v in (1, 2)]
+    [("naive", None, None, None, None)]
+    + [("fast", c, v, s, None) for v in (1, 2, 3) for c in (1, 2, 4) for s in (0, None)]
+    + [("fast", 1, v, EVERYTHING, None) for v in (1, 2)]
     # variant 2 with one block per tile, and with every list longer than 3 entries cut into 2 or 5 slices
     # (partial tiles added with atomics into the zeroed grid)
-    + [("fast", c, 2, None, sp, None) for c in (1, 2, 4) for sp in (1, 2, 5)]
-    # variant 2's scatter with one Gaussian per warp and with the other group sizes
-    + [("fast", 4, 2, s, None, g) for s in (None, EVERYTHING) for g in (1, 4, 16)]
+    + [("fast", c, 2, None, sp) for c in (1, 2, 4) for sp in (1, 2, 5)]
 )
 
 
 def _variants(mode):
     return [
-        (i, c, v, dict(chunks=c, variant=v, scatter_voxels=s, **_split_kw(sp), **_group_kw(g)))
-        for i, c, v, s, sp, g in IMPL_VARIANTS
+        (i, c, v, dict(chunks=c, variant=v, scatter_voxels=s, **_split_kw(sp)))
+        for i, c, v, s, sp in IMPL_VARIANTS
         if not (mode == "upstream" and c == 4)
     ]
-
-
-def _group_kw(group):
-    return {} if group is None else dict(scatter_group=group)
 
 
 def _split_kw(splits):
@@ -299,46 +291,10 @@ def test_scatter_kernel_agrees_with_the_tiles(r):
     ref = density_field_torch(prepared.to("cuda"), grid, cfg)
     assert rel_err(tiled, ref) <= FIELD_REL_TOL
     for scatter in (64, 4096, EVERYTHING):
-        for variant, group in ((1, 1), (2, 1), (2, 4), (2, 8), (2, 16)):
-            out = run_kernel(
-                prepared, grid, cfg, "fast", variant=variant, scatter_voxels=scatter, scatter_group=group
-            )
+        for variant in (1, 2):
+            out = run_kernel(prepared, grid, cfg, "fast", variant=variant, scatter_voxels=scatter)
             assert rel_err(out, ref) <= FIELD_REL_TOL
             assert rel_err(out, tiled) <= 2e-6  # rounding of two float32 paths (observed ~1e-7)
-
-
-@cuda
-def test_grouped_scatter_on_an_unaligned_grid_takes_one_gaussian_per_warp():
-    # the grouped scatter adds 16-byte runs: an output grid starting 4 bytes into its storage falls back
-    # to one Gaussian per warp, with the same terms
-    splat = make_synthetic_object(5000, seed=12, scale_fraction=0.01)
-    cfg = FieldConfig(resolution=64, mode="exact")
-    prepared, grid = prepare_gaussians(splat, cfg)
-    aligned = run_kernel(prepared, grid, cfg, "fast", variant=2, scatter_group=8)
-    from microdreamer.kernels import extract_fields
-
-    storage = torch.full((64**3 + 1,), math.nan, dtype=torch.float32, device="cuda")
-    shifted = extract_fields(
-        prepared.to("cuda"), grid, cfg, "fast", out=storage[1:].view(64, 64, 64), variant=2
-    )
-    assert torch.isfinite(shifted).all()
-    assert rel_err(shifted, aligned) <= 2e-6  # summation order only
-
-
-@cuda
-def test_grouped_scatter_at_every_cell_size():
-    # cells are 2^k voxels a side, at most 32 per axis: 4 at R = 128, 8 at 132, 16 at 512, 32 at 520;
-    # against the one-Gaussian-per-warp scatter on the same Gaussians
-    splat = make_synthetic_object(3000, seed=14, scale_fraction=0.004)
-    for r in (128, 132, 512, 520):
-        cfg = FieldConfig(resolution=r, mode="exact")
-        prepared, grid = prepare_gaussians(splat, cfg)
-        one = run_kernel(prepared, grid, cfg, "fast", variant=2, scatter_voxels=EVERYTHING, scatter_group=1)
-        grouped = run_kernel(
-            prepared, grid, cfg, "fast", variant=2, scatter_voxels=EVERYTHING, scatter_group=8
-        )
-        assert float(one.abs().sum()) > 0
-        assert rel_err(grouped, one) <= 2e-6  # summation order only
 
 
 @cuda
@@ -348,15 +304,6 @@ def test_scatter_voxels_must_be_non_negative():
     prepared, grid = prepare_gaussians(make_random_splat(10, seed=1), FieldConfig(resolution=16))
     with pytest.raises(ValueError, match="scatter_voxels"):
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), scatter_voxels=-1)
-
-
-@cuda
-def test_scatter_group_must_be_supported():
-    from microdreamer.kernels import extract_fields
-
-    prepared, grid = prepare_gaussians(make_random_splat(3, seed=1), FieldConfig(resolution=16))
-    with pytest.raises(ValueError, match="scatter_group"):
-        extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), scatter_group=3)
 
 
 @cuda

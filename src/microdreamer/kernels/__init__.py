@@ -21,11 +21,7 @@ Implementations of :func:`extract_fields` (``impl=``):
   z-recurrence Gaussians per warp step (exact mode; in upstream mode it is ``2``).
   In exact mode, Gaussians whose cutoff box holds at most ``scatter_voxels`` voxels (small ones, which
   fill the warp footprints poorly) stay out of the lists: after the tiled kernel, a scatter kernel adds
-  them through global (vector) atomics, one lane per column. With ``scatter_group`` 1 a warp takes one
-  Gaussian; with 4, 8 or 16 (variant 2, R a multiple of 4) the small Gaussians are first sorted by
-  the cell of their centre (a counting sort folded into the binning) and a warp takes that many
-  neighbours at once, summing their terms in registers so that each 4-voxel run of a column costs one
-  atomic for the whole group instead of one per Gaussian.
+  them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics.
   Variant 2 can also give a tile several blocks (``splits``): a tile list longer than
   ``split_min_entries`` is cut into up to ``splits`` slices, each evaluated by its own block and added
   into the (zeroed) grid with atomics, so that a few tiles with long lists (wide Gaussians on a coarse
@@ -53,12 +49,10 @@ __all__ = [
     "default_variant",
     "default_scatter_voxels",
     "default_splits",
-    "default_scatter_group",
 ]
 
 IMPLS = ("fast", "naive")
 VARIANTS = (1, 2, 3)
-SCATTER_GROUPS = (1, 4, 8, 16)
 MAX_LIST_ENTRIES = 1 << 28  # 1 GiB of int32 list entries (variant 1: per z-slab chunk; 2, 3: in all)
 # variants 2 and 3: list capacity per Gaussian; the synthetic object bins ~50 (tile, Gaussian) pairs per
 # Gaussian at 512^3 with 16 x 16 x 32 tiles, ~80 with 16 x 16 x 8 (NOTES_fields.md)
@@ -106,12 +100,6 @@ def default_scatter_voxels(config: FieldConfig) -> int:
     return 4096 if config.mode == "exact" else 0
 
 
-def default_scatter_group(config: FieldConfig) -> int:
-    """fast, exact mode: small Gaussians per scatter warp (1: one warp per Gaussian; 4, 8, 16: sorted
-    neighbours summed in registers, see the module docstring)."""
-    return 1
-
-
 def _axis_table(r: int, length: int, device: torch.device) -> torch.Tensor:
     """[length] float32 grid coordinates -1 + 2 k / (R - 1): ``GridSpec.axis`` extended past R - 1."""
     key = ("axis", r, length, str(device))
@@ -142,7 +130,6 @@ def extract_fields(
     max_list_entries: int = MAX_LIST_ENTRIES,
     variant: int | None = None,
     scatter_voxels: int | None = None,
-    scatter_group: int | None = None,
     splits: int | None = None,
     split_min_entries: int = SPLIT_MIN_ENTRIES,
 ) -> torch.Tensor:
@@ -162,9 +149,6 @@ def extract_fields(
         variant: fast: 1, 2 or 3 (see the module docstring); default :func:`default_variant`.
         scatter_voxels: fast, exact mode: Gaussians with at most this many voxels in their cutoff box are
             added by the scatter kernel (0: none); default :func:`default_scatter_voxels`.
-        scatter_group: fast, exact mode: scattered Gaussians per warp, 1, 4, 8 or 16 (more than 1:
-            variant 2 with R a multiple of 4 only; elsewhere 1 is used); default
-            :func:`default_scatter_group`.
         splits: fast, variant 2: blocks per tile (1: one block per tile; more: long tile lists are cut into
             that many slices, evaluated by separate blocks and added with atomics); default
             :func:`default_splits`. Other variants ignore it.
@@ -195,12 +179,6 @@ def extract_fields(
         scatter_voxels = default_scatter_voxels(config)
     if scatter_voxels < 0:
         raise ValueError(f"scatter_voxels must be >= 0, got {scatter_voxels}")
-    if scatter_group is None:
-        scatter_group = default_scatter_group(config)
-    if scatter_group not in SCATTER_GROUPS:
-        raise ValueError(
-            f"scatter_group must be one of {', '.join(map(str, SCATTER_GROUPS))}, got {scatter_group}"
-        )
     if splits is None:
         splits = default_splits(config, chunks)
     if not 1 <= splits <= 64 or split_min_entries < 1:
@@ -222,7 +200,7 @@ def extract_fields(
         prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out, r,
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
         int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
-        int(scatter_group), int(splits), int(split_min_entries),
+        int(splits), int(split_min_entries),
     )  # fmt: skip
 
 

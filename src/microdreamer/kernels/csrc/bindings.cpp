@@ -53,7 +53,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           const at::Tensor& upper, std::optional<at::Tensor> out_opt, int64_t resolution, bool exact,
                           double cutoff_sq, double cutoff_tol, int64_t block_voxels, const std::string& impl,
                           int64_t chunks, int64_t max_list_entries, int64_t variant, int64_t list_capacity,
-                          int64_t scatter_voxels, int64_t scatter_group, int64_t splits, int64_t split_min) {
+                          int64_t scatter_voxels, int64_t splits, int64_t split_min) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -75,8 +75,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(impl == "fast" || impl == "naive", "impl must be 'fast' or 'naive', got '", impl, "'");
   TORCH_CHECK(variant >= 1 && variant <= 3, "variant must be 1, 2 or 3, got ", variant);
   TORCH_CHECK(scatter_voxels >= 0, "scatter_voxels must be >= 0, got ", scatter_voxels);
-  TORCH_CHECK(scatter_group == 1 || scatter_group == 4 || scatter_group == 8 || scatter_group == 16,
-              "scatter_group must be 1, 4, 8 or 16, got ", scatter_group);
   TORCH_CHECK(splits >= 1 && splits <= 64, "splits must be in [1, 64], got ", splits);
   TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
@@ -84,7 +82,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   check_tensor(axis, "axis", at::kFloat, device);
   const int64_t tz = 8 * chunks;
   const int64_t ntx = (r + 15) / 16, ntz = (r + tz - 1) / tz;
-  const int64_t axis_needed = std::max(ntx * 16, ntz * tz) + 4;
+  const int64_t axis_needed = std::max(ntx * 16, ntz * tz);
   TORCH_CHECK(axis.dim() == 1 && axis.size(0) >= axis_needed, "axis must have shape [>= ", axis_needed, "], got ",
               sizes_of(axis));
   if (!exact) {
@@ -102,27 +100,19 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const int64_t nty = ntx, n_tiles = ntx * nty * ntz;
   TORCH_CHECK(n_tiles < (int64_t(1) << 31), "too many tiles: ", n_tiles);
   const bool scatter = fast && exact && scatter_voxels > 0;
-  // the grouped scatter (variant 2 only: its fill lists the cells) needs 16-byte runs of the grid
-  const bool grouped = scatter && variant == 2 && scatter_group > 1 && r % 4 == 0 &&
-                       reinterpret_cast<uintptr_t>(out.data_ptr<float>()) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(axis.data_ptr<float>()) % 16 == 0;
   // variant 2 with splits: the scan kernel lists the (tile, slice) work items
   const bool split = fast && variant == 2 && splits > 1 && n_tiles * microdreamer::kMaxSplits < (int64_t(1) << 31);
   const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
-  // one workspace: parameters, float64 table, tile ends, then int32 arrays: the tile and cell counts
-  // (zeroed together), the split kernel's counters and work items, the cell ends and list, the tiles'
-  // list (variants 2, 3)
+  // one workspace: parameters, float64 table, tile ends, then int32 arrays: the tile counts (zeroed), the
+  // split kernel's counters and work items, the tiles' list (variants 2, 3)
   Workspace ws;
   const int64_t o_params = ws.add(n * kParamWords, sizeof(float));
   const int64_t o_precise = ws.add(n * kPreciseWords, sizeof(double));
   const int64_t o_tile_end = ws.add(fast ? n_tiles : 0, sizeof(int64_t));
   const int64_t o_counts = ws.add(fast ? n_tiles : 0, sizeof(int));
-  const int64_t o_cell_counts = ws.add(grouped ? microdreamer::kCells : 0, sizeof(int));
   const int64_t zeroed_bytes = ws.bytes - o_counts;
   const int64_t o_counters = ws.add(2, sizeof(int));
   const int64_t o_work = ws.add(split ? n_tiles * splits : 0, sizeof(int));
-  const int64_t o_cell_ends = ws.add(grouped ? microdreamer::kCells : 0, sizeof(int));
-  const int64_t o_cell_list = ws.add(grouped ? n : 0, sizeof(int));
   const int64_t o_list = ws.add(fast && variant >= 2 ? capacity : 0, sizeof(int));
   at::Tensor workspace = at::empty({ws.bytes}, means.options().dtype(at::kByte));
   char* base = reinterpret_cast<char*>(workspace.data_ptr<uint8_t>());
@@ -130,13 +120,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   double* precise = reinterpret_cast<double*>(base + o_precise);
   int64_t* tile_end = reinterpret_cast<int64_t*>(base + o_tile_end);
   int* counts = reinterpret_cast<int*>(base + o_counts);
-  microdreamer::CellSort cells{};
-  if (grouped) {
-    cells.counts = reinterpret_cast<int*>(base + o_cell_counts);
-    cells.ends = reinterpret_cast<int*>(base + o_cell_ends);
-    cells.list = reinterpret_cast<int*>(base + o_cell_list);
-    while (((r - 1) >> cells.shift) >= microdreamer::kCellsAxis) ++cells.shift;
-  }
   if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts, 0, zeroed_bytes, stream));
 
   microdreamer::SetupArgs s{};
@@ -164,7 +147,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.scatter_max_voxels = scatter ? scatter_voxels : 0;
   s.params = params;
   s.precise = precise;
-  s.cells = cells;
   C10_CUDA_CHECK(microdreamer::launch_setup(s, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
@@ -184,7 +166,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     return out;
   }
 
-  // per-tile list offsets, the split kernel's work items, the cell ends
+  // per-tile list offsets, and the split kernel's work items
   microdreamer::SplitPlan plan{};
   if (split) {
     plan.work = reinterpret_cast<int*>(base + o_work);
@@ -195,27 +177,12 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     plan.split_min = split_min;
     plan.splits = static_cast<int>(splits);
   }
-  C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, cells, stream));
+  C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // the small Gaussians (kScatter), added after the tiled kernel has written every voxel
   auto add_scattered = [&]() {
     if (!scatter) return;
-    if (grouped) {
-      microdreamer::GroupScatterArgs ga{};
-      ga.params = params;
-      ga.list = cells.list;
-      ga.ends = cells.ends;
-      ga.n = n;
-      ga.resolution = static_cast<int>(r);
-      ga.axis = axis.data_ptr<float>();
-      ga.cutoff_sq = static_cast<float>(cutoff_sq);
-      ga.out = out.data_ptr<float>();
-      ga.shift = cells.shift;
-      C10_CUDA_CHECK(microdreamer::launch_group_scatter(ga, static_cast<int>(scatter_group), stream));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
-    }
     microdreamer::ScatterArgs sa{};
     sa.params = params;
     sa.n = n;
@@ -273,8 +240,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
     // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
     int* list = reinterpret_cast<int*>(base + o_list);
-    microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
-    f.cells = cells;
+    const microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
     C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     microdreamer::FastArgs a = fast_args(list, 0, 0);

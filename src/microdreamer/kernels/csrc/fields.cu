@@ -8,7 +8,6 @@
 // whose float32 rounding stays relative as long as the Gaussian is not too thin against its own box
 // (the class test below); thinner Gaussians take a float64 path ("precise").
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -80,18 +79,6 @@ __device__ void exact_range(double mu, double rad, double h, int r, int* lo, int
   fhi = fmin(fhi, r - 1.0);
   *lo = static_cast<int>(ceil(flo));
   *hi = static_cast<int>(floor(fhi));
-}
-
-// CellSort: the Morton-ordered cell of a voxel box's centre (5 bits per axis).
-__device__ __forceinline__ int cell_of(const int* lo, const int* hi, int shift) {
-  int code = 0;
-#pragma unroll
-  for (int k = 0; k < 3; ++k) {
-    const int c = min(((lo[k] + hi[k]) >> 1) >> shift, kCellsAxis - 1);
-#pragma unroll
-    for (int b = 0; b < 5; ++b) code |= ((c >> b) & 1) << (3 * b + k);
-  }
-  return code;
 }
 
 __global__ void setup_kernel(const SetupArgs a) {
@@ -169,7 +156,6 @@ __global__ void setup_kernel(const SetupArgs a) {
       d[2] = make_double2(g2, A);
       d[3] = make_double2(log2o, 0.0);
     }
-    if (cls == kScatter && a.cells.counts != nullptr) atomicAdd(a.cells.counts + cell_of(lo, hi, a.cells.shift), 1);
     if (a.tile_counts != nullptr && cls < kEmpty) {
       for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
         for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
@@ -198,8 +184,24 @@ __device__ __forceinline__ int64_t tile_slices(int64_t start, int64_t end, const
   return (len + per - 1) / per;
 }
 
-// Part of the scan kernel: list variant 2's (tile, slice) work items (out[] holds the prefix sums).
-__device__ void list_work_items(const int64_t* out, const SplitPlan& plan, int64_t* s_sum) {
+// Inclusive prefix sums of m int counts, one block of 1024 threads: each thread sums a contiguous
+// segment, the block scans the 1024 segment sums, each thread then writes its segment. With a plan
+// (plan.work != nullptr), the same block then lists the (tile, slice) work items of variant 2's split
+// kernel over the first plan.tiles counts, in tile order, and zeroes the kernel's work counter.
+__global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* out, int64_t m, const SplitPlan plan) {
+  __shared__ int64_t s_sum[1024];
+  const int64_t per = (m + 1023) / 1024;
+  const int64_t b = threadIdx.x * per, e = min(m, b + per);
+  int64_t sum = 0;
+  for (int64_t i = b; i < e; ++i) sum += counts[i];
+  s_sum[threadIdx.x] = sum;
+  block_scan_1024(s_sum);
+  int64_t run = threadIdx.x == 0 ? 0 : s_sum[threadIdx.x - 1];
+  for (int64_t i = b; i < e; ++i) {
+    run += counts[i];
+    out[i] = run;
+  }
+  if (plan.work == nullptr) return;
   __syncthreads();  // out[] complete and visible to the block
   const int64_t tper = (plan.tiles + 1023) / 1024;
   const int64_t tb = threadIdx.x * tper, te = min(plan.tiles, tb + tper);
@@ -215,52 +217,6 @@ __device__ void list_work_items(const int64_t* out, const SplitPlan& plan, int64
   if (threadIdx.x == 1023) {
     plan.counters[0] = static_cast<int>(s_sum[1023]);  // work items
     plan.counters[1] = 0;                              // next item to take
-  }
-}
-
-// Inclusive prefix sums of m int counts, one block of 1024 threads: each thread sums a contiguous
-// segment, the block scans the 1024 segment sums, each thread then writes its segment. With a plan
-// (plan.work != nullptr), the same block then lists the (tile, slice) work items of variant 2's split
-// kernel over the first plan.tiles counts, in tile order, and zeroes the kernel's work counter; with
-// cells (cells.counts != nullptr) it writes the cells' inclusive ends.
-__global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* out, int64_t m, const SplitPlan plan,
-                                                    const CellSort cells) {
-  __shared__ int64_t s_sum[1024];
-  const int64_t per = (m + 1023) / 1024;
-  const int64_t b = threadIdx.x * per, e = min(m, b + per);
-  int64_t sum = 0;
-  for (int64_t i = b; i < e; ++i) sum += counts[i];
-  s_sum[threadIdx.x] = sum;
-  block_scan_1024(s_sum);
-  int64_t run = threadIdx.x == 0 ? 0 : s_sum[threadIdx.x - 1];
-  for (int64_t i = b; i < e; ++i) {
-    run += counts[i];
-    out[i] = run;
-  }
-  if (plan.work != nullptr) list_work_items(out, plan, s_sum);
-  if (cells.counts == nullptr) return;
-  // the cell ends: kCells = 1024 x 32 counts, 32 contiguous ones per thread in eight 16-byte loads
-  __syncthreads();  // s_sum free again
-  const int4* c4 = reinterpret_cast<const int4*>(cells.counts) + threadIdx.x * 8;
-  int4 v[8];
-  int total = 0;
-#pragma unroll
-  for (int q = 0; q < 8; ++q) {
-    v[q] = c4[q];
-    total += v[q].x + v[q].y + v[q].z + v[q].w;
-  }
-  s_sum[threadIdx.x] = total;
-  block_scan_1024(s_sum);
-  int end = threadIdx.x == 0 ? 0 : static_cast<int>(s_sum[threadIdx.x - 1]);
-  int4* e4 = reinterpret_cast<int4*>(cells.ends) + threadIdx.x * 8;
-#pragma unroll
-  for (int q = 0; q < 8; ++q) {
-    int4 w;
-    w.x = end += v[q].x;
-    w.y = end += v[q].y;
-    w.z = end += v[q].z;
-    w.w = end += v[q].w;
-    e4[q] = w;
   }
 }
 
@@ -289,12 +245,6 @@ __global__ void fill_bounded_kernel(const FillArgs a, int64_t capacity) {
     const int4 p3 = pv[3], p4 = pv[4];
     const int cls = p3.x;
     const int lo[3] = {p3.y, p3.w, p4.y}, hi[3] = {p3.z, p4.x, p4.z};
-    if (cls == kScatter && a.cells.list != nullptr) {  // the grouped scatter's cell-sorted list
-      const int cell = cell_of(lo, hi, a.cells.shift);
-      const int old = atomicSub(a.cells.counts + cell, 1);
-      a.cells.list[a.cells.ends[cell] - old] = static_cast<int>(g);
-      continue;
-    }
     if (cls >= kEmpty) continue;  // empty, or added by scatter_kernel
     for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
       for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
@@ -847,119 +797,6 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// grouped scatter kernel (exact mode, R % 4 == 0): the scatter kernel's terms, one warp per group of K
-// consecutive Gaussians of the cell-sorted kScatter list. Neighbours on a surface overlap almost
-// entirely, so one lane per column of the group's joint box sums the K Gaussians' terms of each aligned
-// 4-voxel run in registers and adds the run with one vector atomic: the scatter kernel is bound by the
-// L2's atomic rate (NOTES_fields.md, round 3), and a group of K needs far fewer atomics than K warps.
-// Each term is computed as in scatter_kernel (same interval, same float32 operations, same test), so
-// only the summation order differs.
-// ---------------------------------------------------------------------------------------------
-
-template <int K>
-__global__ void __launch_bounds__(256) group_scatter_kernel(const GroupScatterArgs a) {
-  __shared__ float4 s_par[8][K][5];  // each warp's group: the five parameter vectors per Gaussian
-  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-  const int ns = a.ends[kCells - 1];
-  const int groups = (ns + K - 1) / K;
-  const float4* params = reinterpret_cast<const float4*>(a.params);
-  const int64_t r = a.resolution;
-  const float inv_h = 0.5f * static_cast<float>(a.resolution - 1);
-  const float cut = a.cutoff_sq;
-  for (int grp = blockIdx.x * 8 + wib; grp < groups; grp += gridDim.x * 8) {
-    const int cnt = min(K, ns - grp * K);
-    __syncwarp();  // the previous group's parameters are no longer read
-    for (int e = lane; e < cnt * 5; e += 32) s_par[wib][e / 5][e % 5] = __ldg(params + a.list[grp * K + e / 5] * 5LL + e % 5);
-    __syncwarp();
-    // the group's entries are consecutive in cell order but may span several cells, far apart where the
-    // Morton order jumps: each cell's part of the group is one pass over its own joint column box
-    int my_cell = -1;
-    if (lane < cnt) {
-      const float4 p3 = s_par[wib][lane][3], p4 = s_par[wib][lane][4];
-      const int lo[3] = {__float_as_int(p3.y), __float_as_int(p3.w), __float_as_int(p4.y)};
-      const int hi[3] = {__float_as_int(p3.z), __float_as_int(p4.x), __float_as_int(p4.z)};
-      my_cell = cell_of(lo, hi, a.shift);
-    }
-    for (unsigned todo = __ballot_sync(kFull, lane < cnt); todo != 0;) {
-      const int cell = __shfl_sync(kFull, my_cell, __ffs(todo) - 1);
-      const unsigned mask = __ballot_sync(kFull, lane < cnt && my_cell == cell);
-      todo &= ~mask;
-      int lox = INT_MAX, hix = INT_MIN, loy = INT_MAX, hiy = INT_MIN;
-      if ((mask >> lane) & 1) {
-        const float4 p3 = s_par[wib][lane][3], p4 = s_par[wib][lane][4];
-        lox = __float_as_int(p3.y);
-        hix = __float_as_int(p3.z);
-        loy = __float_as_int(p3.w);
-        hiy = __float_as_int(p4.x);
-      }
-      lox = __reduce_min_sync(kFull, lox);
-      hix = __reduce_max_sync(kFull, hix);
-      loy = __reduce_min_sync(kFull, loy);
-      hiy = __reduce_max_sync(kFull, hiy);
-      const int ny = hiy - loy + 1;
-      const int cols = (hix - lox + 1) * ny;
-      for (int c = lane; c < cols; c += 32) {
-        const int i = lox + c / ny, j = loy + c % ny;
-        const float xi = a.axis[i], yj = a.axis[j];
-        // each Gaussian's cutoff interval on this column (empty: k0 = INT_MAX), as in scatter_kernel
-        int k0[K], k1[K];
-        float mz[K], lc[K];
-        int z0 = INT_MAX, z1 = INT_MIN;
-#pragma unroll
-        for (int e = 0; e < K; ++e) {
-          k0[e] = INT_MAX;
-          k1[e] = INT_MIN;
-          mz[e] = 0.f;
-          lc[e] = 0.f;
-          if (!((mask >> e) & 1)) continue;
-          const float4 p3 = s_par[wib][e][3], p4 = s_par[wib][e][4];
-          if (i < __float_as_int(p3.y) || i > __float_as_int(p3.z) || j < __float_as_int(p3.w) || j > __float_as_int(p4.x))
-            continue;
-          const float4 p0 = s_par[wib][e][0], p1 = s_par[wib][e][1], p2 = s_par[wib][e][2];
-          const float dx = xi - p0.x, dy = yj - p0.y;
-          const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
-          const float q2 = fmaf(u1, u1, u2 * u2);
-          if (q2 > cut * 1.0001f) continue;
-          mz[e] = fmaf(p1.z, dx, p1.w * dy);
-          lc[e] = fmaf(-kK, q2, p2.y);
-          const float half = sqrtf(fmaxf(cut - q2, 0.f) * (1.f / p2.x));
-          const float zc = p0.z + mz[e];
-          k0[e] = max(__float_as_int(p4.y), static_cast<int>(floorf((zc - half + 1.f) * inv_h)) - 1);
-          k1[e] = min(__float_as_int(p4.z), static_cast<int>(ceilf((zc + half + 1.f) * inv_h)) + 1);
-          if (k0[e] > k1[e]) {
-            k0[e] = INT_MAX;
-            k1[e] = INT_MIN;
-          }
-          z0 = min(z0, k0[e]);
-          z1 = max(z1, k1[e]);
-        }
-        if (z0 > z1) continue;
-        float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
-        for (int kq = z0 & ~3; kq <= z1; kq += 4) {
-          const float4 zq = *reinterpret_cast<const float4*>(a.axis + kq);
-          const float zz[4] = {zq.x, zq.y, zq.z, zq.w};
-          float v[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int e = 0; e < K; ++e) {
-            if (kq > k1[e] || kq + 3 < k0[e]) continue;  // the runs scatter_kernel visits for this Gaussian
-            const float muz = s_par[wib][e][0].z;
-            const float2 al = make_float2(s_par[wib][e][2].x, s_par[wib][e][2].y);
-            const float nka = -kK * al.x, lcut = fmaf(-kK, cut, al.y);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const float t = (zz[q] - muz) - mz[e];
-              const float x = fmaf(nka * t, t, lc[e]);
-              if (x >= lcut) v[q] += ex2(x);
-            }
-          }
-          if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
-        }
-      }
-    }
-  }
-}
-
 // Streaming multiprocessors of the current device (cached per device).
 int multiprocessors() {
   static int cached[64] = {0};
@@ -984,14 +821,10 @@ cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, const SplitPlan& plan, const CellSort& cells,
-                        cudaStream_t stream) {
+cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, const SplitPlan& plan, cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
   if (plan.work != nullptr && (plan.tiles > m || plan.splits < 1 || plan.splits > kMaxSplits)) return cudaErrorInvalidValue;
-  if (cells.counts != nullptr &&
-      (reinterpret_cast<uintptr_t>(cells.counts) % 16 != 0 || reinterpret_cast<uintptr_t>(cells.ends) % 16 != 0))
-    return cudaErrorInvalidValue;
-  scan_kernel<<<1, 1024, 0, stream>>>(counts, out, m, plan, cells);
+  scan_kernel<<<1, 1024, 0, stream>>>(counts, out, m, plan);
   return cudaGetLastError();
 }
 
@@ -1069,22 +902,6 @@ cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_ti
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
   scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_group_scatter(const GroupScatterArgs& a, int group, cudaStream_t stream) {
-  if (a.n <= 0) return cudaSuccess;
-  if (a.resolution % 4 != 0 || reinterpret_cast<uintptr_t>(a.out) % 16 != 0 || reinterpret_cast<uintptr_t>(a.axis) % 16 != 0)
-    return cudaErrorInvalidValue;
-  // one warp per group up to ~8 resident blocks per SM; the warps then take further groups in turn
-  const int blocks = static_cast<int>(std::min<int64_t>(blocks_for((a.n + group - 1) / group * 32, 256),
-                                                        static_cast<int64_t>(multiprocessors()) * 8));
-  switch (group) {
-    case 4: group_scatter_kernel<4><<<blocks, 256, 0, stream>>>(a); break;
-    case 8: group_scatter_kernel<8><<<blocks, 256, 0, stream>>>(a); break;
-    case 16: group_scatter_kernel<16><<<blocks, 256, 0, stream>>>(a); break;
-    default: return cudaErrorInvalidValue;
-  }
   return cudaGetLastError();
 }
 

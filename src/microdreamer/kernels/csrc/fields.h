@@ -26,18 +26,6 @@ constexpr int kPreciseWords = 8;
 // SetupArgs.scatter_max_voxels > 0); the tiled kernels treat it like kEmpty.
 enum GaussClass : int { kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3, kScatter = 4 };
 
-// Grouped scatter: the kScatter Gaussians counting-sorted by the cell (2^shift voxels a side, at most
-// 32 a side, numbered in Morton order) of their box centre, so that a warp can take kScatter Gaussians
-// that lie close together. setup counts, the scan kernel turns the counts into ends, fill lists.
-constexpr int kCellsAxis = 32;
-constexpr int kCells = kCellsAxis * kCellsAxis * kCellsAxis;  // 32768 = 1024 threads x 32 counts
-struct CellSort {
-  int* counts = nullptr;          // [kCells] zeroed before setup (nullptr: no sort); fill counts them down
-  int* ends = nullptr;            // [kCells] out (scan): inclusive prefix sums, 16-byte aligned
-  int* list = nullptr;            // [n] out (fill): kScatter Gaussian indices, cell by cell
-  int shift = 2;                  // cell edge 2^shift voxels, with R <= 32 * 2^shift
-};
-
 struct SetupArgs {
   const float* means;       // [N, 3]
   const float* opacities;   // [N]
@@ -61,7 +49,6 @@ struct SetupArgs {
   int* tile_counts;               // [ntx * nty * ntz], incremented
   float* params;                  // [N, kParamWords] out
   double* precise;                // [N, kPreciseWords] out
-  CellSort cells;                 // counts: kScatter Gaussians per cell (exact mode, grouped scatter)
 };
 
 struct FillArgs {
@@ -73,7 +60,6 @@ struct FillArgs {
   const int64_t* tile_end;        // [tiles] inclusive prefix sums of the counts
   int64_t base;                   // list position of the first entry of tile (0, 0, tz_begin)
   int* list;                      // [entries of this chunk] Gaussian indices
-  CellSort cells;                 // fill_bounded: list the kScatter Gaussians by cell (counts, ends, list)
 };
 
 // Variant 2 with splits: the scan kernel lists the split kernel's (tile, slice) work items.
@@ -121,10 +107,9 @@ struct NaiveArgs {
 };
 
 cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream);
-// Inclusive prefix sums of m int counts into int64 (one block; replaces a cumsum and its dtype copy), the
-// split kernel's work items when plan.work is set, and the cell ends when cells.counts is set.
-cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, const SplitPlan& plan, const CellSort& cells,
-                        cudaStream_t stream);
+// Inclusive prefix sums of m int counts into int64 (one block; replaces a cumsum and its dtype copy), and
+// the split kernel's work items when plan.work is set.
+cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, const SplitPlan& plan, cudaStream_t stream);
 cudaError_t launch_fill(const FillArgs& a, cudaStream_t stream);
 // chunks: 8-voxel chunks per thread along z (tile_z = 8 * chunks); supported: 1, 2, 4.
 cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles, cudaStream_t stream);
@@ -142,21 +127,6 @@ struct ScatterArgs {
 // Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
 // column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
-struct GroupScatterArgs {
-  const float* params;
-  const int* list;                // CellSort.list: kScatter Gaussians sorted by cell
-  const int* ends;                // CellSort.ends: ends[kCells - 1] is the number of kScatter Gaussians
-  int64_t n;                      // all Gaussians (bounds the number of groups)
-  int resolution;                 // R, a multiple of 4
-  const float* axis;              // [>= R + 4] grid coordinates, 16-byte aligned
-  float cutoff_sq;
-  float* out;                     // [R, R, R], 16-byte aligned, already holding the tiled kernel's result
-  int shift;                      // CellSort.shift
-};
-// Adds every kScatter Gaussian's terms to `out` like launch_scatter, one warp per group of `group`
-// (4 or 8) consecutive Gaussians of the cell-sorted list: one lane per column of the group's joint box
-// sums the group's terms in registers and adds each 4-voxel run with one vector atomic.
-cudaError_t launch_group_scatter(const GroupScatterArgs& a, int group, cudaStream_t stream);
 // v2 ("fast" variant 2): one list of `capacity` entries for every tile (FillArgs.base and tz range
 // unused); tiles whose entries end past the capacity scan all n Gaussians. No host synchronisation.
 // pair (exact mode): evaluate two z-recurrence Gaussians per warp step (variant 3).
