@@ -190,7 +190,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     sa.axis = axis.data_ptr<float>();
     sa.cutoff_sq = static_cast<float>(cutoff_sq);
     sa.out = out.data_ptr<float>();
-    sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0;
+    sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(sa.axis) % 16 == 0;
     C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };

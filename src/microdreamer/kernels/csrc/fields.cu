@@ -762,8 +762,19 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
     const float A = p2.x, log2o = p2.y;
     const float nka = -kK * A, inv_a = 1.f / A;
     const float lcut = fmaf(-kK, cut, log2o);
+    const float rny = 1.f / static_cast<float>(ny);
     for (int c = lane; c < cols; c += 32) {
-      const int i = lox + c / ny, j = loy + c % ny;
+      // c / ny and c % ny: a float reciprocal, then one correction step (exact: cols <= R^2 <= 2^24)
+      int di = static_cast<int>((static_cast<float>(c) + 0.5f) * rny);
+      int dj = c - di * ny;
+      if (dj < 0) {
+        --di;
+        dj += ny;
+      } else if (dj >= ny) {
+        ++di;
+        dj -= ny;
+      }
+      const int i = lox + di, j = loy + dj;
       const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
       const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
       const float q2 = fmaf(u1, u1, u2 * u2);
@@ -777,10 +788,12 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
       float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
       if (a.vec4) {
         for (int kq = k0 & ~3; kq <= k1; kq += 4) {
+          const float4 zq = *reinterpret_cast<const float4*>(a.axis + kq);  // vec4: axis 16-byte aligned
+          const float zz[4] = {zq.x, zq.y, zq.z, zq.w};
           float v[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float t = (a.axis[kq + e] - p0.z) - m;
+            const float t = (zz[e] - p0.z) - m;
             const float x = fmaf(nka * t, t, lc);
             v[e] = x >= lcut ? ex2(x) : 0.f;
           }

@@ -122,7 +122,7 @@ struct ScatterArgs {
   const float* axis;              // [>= R] grid coordinates
   float cutoff_sq;
   float* out;                     // [R, R, R], already holding the tiled kernel's result
-  bool vec4;                      // R % 4 == 0 and out 16-byte aligned: 4-wide vector atomics
+  bool vec4;                      // R % 4 == 0, out and axis 16-byte aligned: 4-wide vector atomics
 };
 // Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
 // column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
