@@ -3,7 +3,7 @@ vectorised PyTorch path, on seeded synthetic objects and the real sample splats.
 
     python benchmarks/bench_fields.py [--out benchmarks/results/fields_h200.json] [--quick]
         [--cases 50000x128,1000000x512] [--modes exact] [--variants 1,2,3] [--no-samples]
-        [--chunks 1,2,4] [--scatter 0,default] [--splits default]
+        [--chunks 1,2,4] [--scatter 0,default] [--splits default] [--sized default]
 
 Times are CUDA-event medians after warm-up (the fast kernel's runs rotate over three input sets of
 the same size so that repeated runs do not just re-read the cache); peak memory is the allocator's
@@ -30,6 +30,7 @@ from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.field.reference import covariance6, gaussian_3d_coeff
 from microdreamer.field.torch_impl import density_field_torch
 from microdreamer.kernels import (
+    SIZED_LIST_MIN_RESOLUTION,
     _backend,
     default_chunks,
     default_scatter_voxels,
@@ -174,11 +175,12 @@ def bench_case(
     scatters=(0,),
     splits=(None,),
     chunk_set=(1, 2, 4),
+    sized=(None,),
 ):
     for mode in modes:
         if mode == "upstream" and (quick or (name == "synthetic" and r == 512 and n >= 200_000)):
             continue
-        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants, scatters, splits, chunk_set)
+        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants, scatters, splits, chunk_set, sized)
         torch.cuda.empty_cache()
 
 
@@ -194,15 +196,17 @@ def bench_mode(
     scatters=(0,),
     splits=(None,),
     chunk_set=(1, 2, 4),
+    sized=(None,),
 ):
     cfg, sets = inputs_for(name, n, r, mode, copies=1 if name != "synthetic" else 3)
     n_kept = len(sets[0][0])
     row0 = {"input": name, "N": n_kept, "R": r, "mode": mode}
 
-    def fast(s, chunks, variant, scatter, split=None):
+    def fast(s, chunks, variant, scatter, split=None, sized_list=None):
         return extract_fields(
-            s[0], s[1], cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter, splits=split
-        )
+            s[0], s[1], cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter, splits=split,
+            sized_list=sized_list,
+        )  # fmt: skip
 
     def naive(s):
         return extract_fields(s[0], s[1], cfg, "naive")
@@ -219,15 +223,16 @@ def bench_mode(
     if mode != "exact":
         scatters = (0,)
     combos = [
-        (c, v, x, sp)
+        (c, v, x, sp, sz)
         for v in variants
         for c in chunk_set
         if mode == "exact" or c != 4
         for x in scatters
         for sp in (splits if v == 2 else (None,))
+        for sz in (sized if v >= 2 else (None,))
     ]
-    for chunks, variant, scatter, split in combos:
-        key = (chunks, variant, scatter, split)
+    for chunks, variant, scatter, split, sized_list in combos:
+        key = (chunks, variant, scatter, split, sized_list)
         t0 = time.perf_counter()
         fast(sets[0], *key)
         torch.cuda.synchronize()
@@ -241,14 +246,24 @@ def bench_mode(
         used_splits = (split or default_splits(cfg, chunks)) if variant == 2 else 1
         fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "variant": variant,
                           "scatter_voxels": scatter, "splits": used_splits,
+                          "sized_list": (r >= SIZED_LIST_MIN_RESOLUTION if sized_list is None else sized_list)
+                          if variant >= 2 else True,
                           "default": chunks == default_chunks(cfg) and variant == default_variant(cfg)
-                          and scatter == default_scatter_voxels(cfg) and split is None,
+                          and scatter == default_scatter_voxels(cfg)
+                          and split in (None, default_splits(cfg, chunks))
+                          and sized_list in (None, r >= SIZED_LIST_MIN_RESOLUTION),
                           "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
                           "peak_MB": peak_mb(lambda s, k=key: fast(s, *k), sets[0])})  # fmt: skip
         row_keys[id(fast_rows[-1])] = key
     rows.extend(fast_rows)
     fast_out = outs.get(
-        (default_chunks(cfg), variants[0], scatters[0], splits[0] if variants[0] == 2 else None),
+        (
+            default_chunks(cfg),
+            variants[0],
+            scatters[0],
+            splits[0] if variants[0] == 2 else None,
+            sized[0] if variants[0] >= 2 else None,
+        ),
         outs[combos[0]],
     )
     ref, ref_kind = None, None
@@ -300,6 +315,7 @@ def table(rows: list[dict]) -> str:
             + (f"/c{row['chunks']}" if "chunks" in row else "")
             + (f"/v{row['variant']}" if "variant" in row else "")
             + (f"/s{row['splits']}" if row.get("splits", 1) > 1 else "")
+            + ("/L" if row.get("variant", 1) >= 2 and row.get("sized_list") else "")
             + ("*" if row.get("default") else "")
         )
         ms = f"{row['median_ms']:.4g}" if "median_ms" in row else "-"
@@ -365,6 +381,11 @@ def main() -> None:
         help="variant 2: blocks per tile, comma-separated ('default': default_splits)",
     )
     parser.add_argument("--chunks", default="1,2,4", help="fast: tile depths / 8, comma-separated")
+    parser.add_argument(
+        "--sized",
+        default="default",
+        help="variants 2, 3: sized_list values, comma-separated: default, 0 or 1",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_fields.py needs a CUDA GPU")
@@ -383,6 +404,7 @@ def main() -> None:
     scatters = tuple(None if x == "default" else int(x) for x in args.scatter.split(","))
     splits = tuple(None if x == "default" else int(x) for x in args.splits.split(","))
     chunk_set = tuple(int(x) for x in args.chunks.split(","))
+    sized = tuple(None if x == "default" else bool(int(x)) for x in args.sized.split(","))
     if args.cases:
         cases = [("synthetic", int(c.split("x")[0]), int(c.split("x")[1])) for c in args.cases.split(",")]
     else:
@@ -390,7 +412,9 @@ def main() -> None:
     real = sorted(p.name for p in SAMPLES.glob("*.ply")) if SAMPLES.is_dir() and not args.no_samples else []
     cases += [(name, None, r) for name in real for r in rs]
     for name, n, r in cases:
-        bench_case(name, n, r, rows, naive_rate, args.quick, modes, variants, scatters, splits, chunk_set)
+        bench_case(
+            name, n, r, rows, naive_rate, args.quick, modes, variants, scatters, splits, chunk_set, sized
+        )
         print(f"done {name} N={n} R={r} ({time.perf_counter() - t_start:.0f} s)", flush=True)
         partial.write_text(json.dumps({"rates": rates, "hardware": hw, "results": rows}, indent=1))
     # floors at 512^3 / 1M (exact mode): the grid's bytes, and the exponentials of a kernel that
@@ -417,7 +441,7 @@ def main() -> None:
         "notes": "fast: chunks = 8-voxel chunks per thread along z (tile 16 x 16 x 8*chunks); variant 1: "
         "host-sized lists (one sync per call), 2: fixed-capacity lists (no sync), register caps, empty tiles "
         "exit, 3: 2 + two Gaussians per warp step; /sK: variant 2 with K blocks per tile (long tile lists cut into "
-        "slices added with atomics); * = default of the code that ran. "
+        "slices added with atomics); /L: variant 2 or 3 with the list sized from the counts (sized_list); * = the defaults of the code that ran (given explicitly or not). "
         "Timed runs of fast rotate over three seeded inputs of the same size (synthetic). "
         "torch = microdreamer.field.torch_impl on the GPU. naive runs predicted longer than "
         f"{NAIVE_BUDGET_S} s are skipped (cost ~ N R^3).",

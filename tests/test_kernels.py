@@ -279,6 +279,24 @@ def test_list_capacity_overflow_scans_every_gaussian(variant, mode):
 
 
 @cuda
+@pytest.mark.parametrize("variant", [2, 3])
+def test_sized_list_grows_past_the_fixed_capacity(variant):
+    # 400 Gaussians wider than the grid: each is binned to all 256 tiles of 128^3 (depth 32), 102400 entries
+    # against a fixed capacity of max(96 N, 65536) = 65536. Without sized_list the tiles past the capacity
+    # scan every Gaussian; with it the list is grown to 102400 (and variant 2's split plan redone for it)
+    splat = make_random_splat(400, seed=41, spread=0.3, log_scale_mean=-1.2, log_scale_std=0.2)
+    cfg = FieldConfig(resolution=128, mode="exact")
+    prepared, grid = prepare_gaussians(splat, cfg)
+    ref = density_field_torch(prepared.to("cuda"), grid, cfg)
+    for sized in (False, True):
+        for splits in (1, None):
+            out = run_kernel(
+                prepared, grid, cfg, "fast", chunks=4, variant=variant, sized_list=sized, **_split_kw(splits)
+            )
+            assert rel_err(out, ref) <= FIELD_REL_TOL
+
+
+@cuda
 @pytest.mark.parametrize("r", [64, 66])
 def test_scatter_kernel_agrees_with_the_tiles(r):
     # R = 64: four-wide vector atomics; R = 66: scalar atomics. The split moves Gaussians between two

@@ -17,8 +17,10 @@ Implementations of :func:`extract_fields` (``impl=``):
   processes lists larger than ``max_list_entries`` in z-slabs; ``2`` bins into one list of fixed
   capacity (``LIST_ENTRIES_PER_GAUSSIAN`` x N, at most ``max_list_entries``) with no host
   synchronisation, caps registers for more resident warps and lets empty tiles exit at once; tiles
-  whose entries do not fit scan all N Gaussians (exact, slower); ``3`` is ``2`` evaluating two
-  z-recurrence Gaussians per warp step (exact mode; in upstream mode it is ``2``).
+  whose entries do not fit scan all N Gaussians (exact, slower), unless ``sized_list`` (the default
+  from R = 384 on) reads the number of entries back first (one synchronisation) and bins into a list
+  of that size; ``3`` is ``2`` evaluating two z-recurrence Gaussians per warp step (exact mode; in
+  upstream mode it is ``2``).
   In exact mode, Gaussians whose cutoff box holds at most ``scatter_voxels`` voxels (small ones, which
   fill the warp footprints poorly) stay out of the lists: after the tiled kernel, a scatter kernel adds
   them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics.
@@ -81,6 +83,10 @@ def default_variant(config: FieldConfig) -> int:
     return 2 if config.mode == "exact" else 1
 
 
+# variants 2, 3: from this grid resolution on, the list is sized from the counts when they overflow the
+# fixed capacity (one synchronisation per call, ~1 % of a call there): wide Gaussians at 512^3 (the
+# DreamGaussian sample splats) bin 150 or more entries each, past LIST_ENTRIES_PER_GAUSSIAN
+SIZED_LIST_MIN_RESOLUTION = 384
 SPLIT_TARGET_BLOCKS = 16384  # default_splits: blocks per call to aim for (~124 per SM on an H200)
 SPLIT_MIN_ENTRIES = 128  # a split block evaluates at least this many list entries
 
@@ -132,6 +138,7 @@ def extract_fields(
     scatter_voxels: int | None = None,
     splits: int | None = None,
     split_min_entries: int = SPLIT_MIN_ENTRIES,
+    sized_list: bool | None = None,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -153,6 +160,9 @@ def extract_fields(
             that many slices, evaluated by separate blocks and added with atomics); default
             :func:`default_splits`. Other variants ignore it.
         split_min_entries: fast, variant 2: fewest list entries per slice when a list is cut.
+        sized_list: fast, variants 2 and 3: read the number of list entries back (one synchronisation) and
+            grow the list to it when the fixed capacity is too small (up to ``max_list_entries``); default:
+            from R = ``SIZED_LIST_MIN_RESOLUTION`` on.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -200,7 +210,7 @@ def extract_fields(
         prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out, r,
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
         int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
-        int(splits), int(split_min_entries),
+        int(splits), int(split_min_entries), bool(r >= SIZED_LIST_MIN_RESOLUTION if sized_list is None else sized_list),
     )  # fmt: skip
 
 

@@ -53,7 +53,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           const at::Tensor& upper, std::optional<at::Tensor> out_opt, int64_t resolution, bool exact,
                           double cutoff_sq, double cutoff_tol, int64_t block_voxels, const std::string& impl,
                           int64_t chunks, int64_t max_list_entries, int64_t variant, int64_t list_capacity,
-                          int64_t scatter_voxels, int64_t splits, int64_t split_min) {
+                          int64_t scatter_voxels, int64_t splits, int64_t split_min, bool sized_list) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -102,7 +102,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const bool scatter = fast && exact && scatter_voxels > 0;
   // variant 2 with splits: the scan kernel lists the (tile, slice) work items
   const bool split = fast && variant == 2 && splits > 1 && n_tiles * microdreamer::kMaxSplits < (int64_t(1) << 31);
-  const int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
+  int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
   // one workspace: parameters, float64 table, tile ends, then int32 arrays: the tile counts (zeroed), the
   // split kernel's counters and work items, the tiles' list (variants 2, 3)
   Workspace ws;
@@ -179,6 +179,26 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   }
   C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // variants 2, 3 with sized_list: read the number of (tile, Gaussian) entries back (one synchronisation)
+  // and, where they overflow the fixed capacity, bin into a list of that size, so that no tile has to
+  // scan every Gaussian (the split plan is then redone for the new capacity)
+  int* v2_list = fast && variant >= 2 ? reinterpret_cast<int*>(base + o_list) : nullptr;
+  at::Tensor grown;
+  if (variant >= 2 && sized_list) {
+    int64_t total = 0;
+    C10_CUDA_CHECK(cudaMemcpyAsync(&total, tile_end + n_tiles - 1, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (total > capacity && total <= max_list_entries) {
+      grown = at::empty({total}, means.options().dtype(at::kInt));
+      v2_list = grown.data_ptr<int>();
+      capacity = total;
+      if (split) {
+        plan.capacity = capacity;
+        C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, stream));
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    }
+  }
 
   // the small Gaussians (kScatter), added after the tiled kernel has written every voxel
   auto add_scattered = [&]() {
@@ -238,13 +258,13 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     return a;
   };
   if (variant >= 2) {
-    // one list of fixed capacity for all tiles: no host read of the sizes, so the call is a fixed
-    // sequence of asynchronous launches; tiles whose entries do not fit scan every Gaussian
-    int* list = reinterpret_cast<int*>(base + o_list);
-    const microdreamer::FillArgs f = fill_args(list, 0, ntz, 0);
+    // one list of fixed capacity for all tiles (unless sized_list grew it above): no host read of the
+    // sizes, so the call is a fixed sequence of asynchronous launches; tiles whose entries do not fit
+    // scan every Gaussian
+    const microdreamer::FillArgs f = fill_args(v2_list, 0, ntz, 0);
     C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    microdreamer::FastArgs a = fast_args(list, 0, 0);
+    microdreamer::FastArgs a = fast_args(v2_list, 0, 0);
     if (split) {
       // several blocks per tile add into the grid: zero it first
       a.splits = static_cast<int>(splits);
