@@ -45,6 +45,10 @@ SAMPLES = Path(__file__).resolve().parents[1] / ".." / "shared" / "samples" / "s
 NS = (10_000, 50_000, 200_000, 1_000_000)
 RS = (128, 256, 512)
 NAIVE_BUDGET_S = 3.0  # skip naive runs predicted longer than this (cost ~ N R^3)
+# seconds per Gaussian x voxel of the naive kernel until a run has measured it (H200, exact mode:
+# 130.8 ms for 50k x 128^3 in results/fields_h200_round7.json), so that a first case at 512^3 is not
+# timed for minutes
+NAIVE_RATE_GUESS = 1.2e-12
 
 
 def cuda_time(fn, warmup: int = 2, reps: int = 10, inputs=None) -> tuple[float, list[float]]:
@@ -278,7 +282,7 @@ def bench_mode(
             {**row0, "impl": "torch", "skipped": "a Python loop over 8^3 tiles: minutes at this size"}
         )
     # the naive kernel
-    predicted = naive_rate.get(mode, 0.0) * n_kept * r**3
+    predicted = naive_rate.get(mode, NAIVE_RATE_GUESS) * n_kept * r**3
     if predicted > NAIVE_BUDGET_S:
         rows.append({**row0, "impl": "naive", "skipped": f"predicted {predicted:.0f} s (cost ~ N R^3)"})
     elif mode == "upstream" and r > 128:
