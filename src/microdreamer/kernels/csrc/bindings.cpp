@@ -115,11 +115,11 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const int64_t o_work = ws.add(split ? n_tiles * splits : 0, sizeof(int));
   const int64_t o_list = ws.add(fast && variant >= 2 ? capacity : 0, sizeof(int));
   at::Tensor workspace = at::empty({ws.bytes}, means.options().dtype(at::kByte));
-  char* base = reinterpret_cast<char*>(workspace.data_ptr<uint8_t>());
-  float* params = reinterpret_cast<float*>(base + o_params);
-  double* precise = reinterpret_cast<double*>(base + o_precise);
-  int64_t* tile_end = reinterpret_cast<int64_t*>(base + o_tile_end);
-  int* counts = reinterpret_cast<int*>(base + o_counts);
+  char* ws_base = reinterpret_cast<char*>(workspace.data_ptr<uint8_t>());
+  float* params = reinterpret_cast<float*>(ws_base + o_params);
+  double* precise = reinterpret_cast<double*>(ws_base + o_precise);
+  int64_t* tile_end = reinterpret_cast<int64_t*>(ws_base + o_tile_end);
+  int* counts = reinterpret_cast<int*>(ws_base + o_counts);
   if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts, 0, zeroed_bytes, stream));
 
   microdreamer::SetupArgs s{};
@@ -169,8 +169,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   // per-tile list offsets, and the split kernel's work items
   microdreamer::SplitPlan plan{};
   if (split) {
-    plan.work = reinterpret_cast<int*>(base + o_work);
-    plan.counters = reinterpret_cast<int*>(base + o_counters);
+    plan.work = reinterpret_cast<int*>(ws_base + o_work);
+    plan.counters = reinterpret_cast<int*>(ws_base + o_counters);
     plan.tiles = n_tiles;
     plan.capacity = capacity;
     plan.n = n;
@@ -182,7 +182,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   // variants 2, 3 with sized_list: read the number of (tile, Gaussian) entries back (one synchronisation)
   // and, where they overflow the fixed capacity, bin into a list of that size, so that no tile has to
   // scan every Gaussian (the split plan is then redone for the new capacity)
-  int* v2_list = fast && variant >= 2 ? reinterpret_cast<int*>(base + o_list) : nullptr;
+  int* v2_list = fast && variant >= 2 ? reinterpret_cast<int*>(ws_base + o_list) : nullptr;
   at::Tensor grown;
   if (variant >= 2 && sized_list) {
     int64_t total = 0;
