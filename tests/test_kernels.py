@@ -297,6 +297,22 @@ def test_sized_list_grows_past_the_fixed_capacity(variant):
 
 
 @cuda
+def test_defaults_at_large_resolution_match_host_sized_lists():
+    # R = 400: from R = 384 on the defaults size variant 2's list from the counts (here 384k entries against
+    # a fixed capacity of 144k) and give each tile 16 blocks; variant 1 (lists sized on the host, one block
+    # per tile) and variant 2 with the fixed capacity differ from them by the summation order only
+    splat = make_random_splat(1500, seed=43, spread=0.7, log_scale_mean=-3.0, log_scale_std=0.2)
+    cfg = FieldConfig(resolution=400, mode="exact")
+    prepared, grid = prepare_gaussians(splat, cfg)
+    default = run_kernel(prepared, grid, cfg, "fast")
+    host_sized = run_kernel(prepared, grid, cfg, "fast", variant=1)
+    fixed = run_kernel(prepared, grid, cfg, "fast", sized_list=False, splits=1)
+    assert float(host_sized.abs().sum()) > 0
+    assert rel_err(default, host_sized) <= 2e-6
+    assert rel_err(fixed, host_sized) <= 2e-6
+
+
+@cuda
 @pytest.mark.parametrize("r", [64, 66])
 def test_scatter_kernel_agrees_with_the_tiles(r):
     # R = 64: four-wide vector atomics; R = 66: scalar atomics. The split moves Gaussians between two
