@@ -30,10 +30,10 @@ from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.field.reference import covariance6, gaussian_3d_coeff
 from microdreamer.field.torch_impl import density_field_torch
 from microdreamer.kernels import (
-    SIZED_LIST_MIN_RESOLUTION,
     _backend,
     default_chunks,
     default_scatter_voxels,
+    default_sized_list,
     default_splits,
     default_variant,
     extract_fields,
@@ -250,12 +250,12 @@ def bench_mode(
         used_splits = (split or default_splits(cfg, chunks)) if variant == 2 else 1
         fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "variant": variant,
                           "scatter_voxels": scatter, "splits": used_splits,
-                          "sized_list": (r >= SIZED_LIST_MIN_RESOLUTION if sized_list is None else sized_list)
+                          "sized_list": (default_sized_list(cfg) if sized_list is None else sized_list)
                           if variant >= 2 else True,
                           "default": chunks == default_chunks(cfg) and variant == default_variant(cfg)
                           and scatter == default_scatter_voxels(cfg)
                           and split in (None, default_splits(cfg, chunks))
-                          and sized_list in (None, r >= SIZED_LIST_MIN_RESOLUTION),
+                          and sized_list in (None, default_sized_list(cfg)),
                           "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
                           "peak_MB": peak_mb(lambda s, k=key: fast(s, *k), sets[0])})  # fmt: skip
         row_keys[id(fast_rows[-1])] = key

@@ -51,6 +51,7 @@ __all__ = [
     "default_variant",
     "default_scatter_voxels",
     "default_splits",
+    "default_sized_list",
 ]
 
 IMPLS = ("fast", "naive")
@@ -89,6 +90,12 @@ def default_variant(config: FieldConfig) -> int:
 SIZED_LIST_MIN_RESOLUTION = 384
 SPLIT_TARGET_BLOCKS = 16384  # default_splits: blocks per call to aim for (~124 per SM on an H200)
 SPLIT_MIN_ENTRIES = 128  # a split block evaluates at least this many list entries
+
+
+def default_sized_list(config: FieldConfig) -> bool:
+    """Variants 2, 3: size the tile list from the counts (one synchronisation per call) from R =
+    SIZED_LIST_MIN_RESOLUTION on, where lists overflow the fixed capacity and a call takes milliseconds."""
+    return config.resolution >= SIZED_LIST_MIN_RESOLUTION
 
 
 def default_splits(config: FieldConfig, chunks: int) -> int:
@@ -166,8 +173,8 @@ def extract_fields(
             :func:`default_splits`. Other variants ignore it.
         split_min_entries: fast, variant 2: fewest list entries per slice when a list is cut.
         sized_list: fast, variants 2 and 3: read the number of list entries back (one synchronisation) and
-            grow the list to it when the fixed capacity is too small (up to ``max_list_entries``); default:
-            from R = ``SIZED_LIST_MIN_RESOLUTION`` on.
+            grow the list to it when the fixed capacity is too small (up to ``max_list_entries``); default
+            :func:`default_sized_list`.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -196,6 +203,8 @@ def extract_fields(
         raise ValueError(f"scatter_voxels must be >= 0, got {scatter_voxels}")
     if splits is None:
         splits = default_splits(config, chunks)
+    if sized_list is None:
+        sized_list = default_sized_list(config)
     if not 1 <= splits <= 64 or split_min_entries < 1:
         raise ValueError(
             f"splits must be in [1, 64] and split_min_entries >= 1, got {splits} and {split_min_entries}"
@@ -215,7 +224,7 @@ def extract_fields(
         prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out, r,
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
         int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
-        int(splits), int(split_min_entries), bool(r >= SIZED_LIST_MIN_RESOLUTION if sized_list is None else sized_list),
+        int(splits), int(split_min_entries), bool(sized_list),
     )  # fmt: skip
 
 

@@ -182,7 +182,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   // variants 2, 3 with sized_list: read the number of (tile, Gaussian) entries back (one synchronisation)
   // and, where they overflow the fixed capacity, bin into a list of that size, so that no tile has to
   // scan every Gaussian (the split plan is then redone for the new capacity)
-  int* v2_list = fast && variant >= 2 ? reinterpret_cast<int*>(ws_base + o_list) : nullptr;
+  int* v2_list = variant >= 2 ? reinterpret_cast<int*>(ws_base + o_list) : nullptr;  // naive returned above
   at::Tensor grown;
   if (variant >= 2 && sized_list) {
     int64_t total = 0;
