@@ -4,6 +4,7 @@ vectorised PyTorch path, on seeded synthetic objects and the real sample splats.
     python benchmarks/bench_fields.py [--out benchmarks/results/fields_h200.json] [--quick]
         [--cases 50000x128,1000000x512] [--modes exact] [--variants 1,2,3] [--no-samples]
         [--chunks 1,2,4] [--scatter 0,default] [--splits default] [--sized default]
+        [--precise default]
 
 Times are CUDA-event medians after warm-up (the fast kernel's runs rotate over three input sets of
 the same size so that repeated runs do not just re-read the cache); peak memory is the allocator's
@@ -32,6 +33,7 @@ from microdreamer.field.torch_impl import density_field_torch
 from microdreamer.kernels import (
     _backend,
     default_chunks,
+    default_scatter_precise,
     default_scatter_voxels,
     default_sized_list,
     default_splits,
@@ -180,11 +182,14 @@ def bench_case(
     splits=(None,),
     chunk_set=(1, 2, 4),
     sized=(None,),
+    precise=(None,),
 ):
     for mode in modes:
         if mode == "upstream" and (quick or (name == "synthetic" and r == 512 and n >= 200_000)):
             continue
-        bench_mode(name, n, r, mode, rows, naive_rate, quick, variants, scatters, splits, chunk_set, sized)
+        bench_mode(
+            name, n, r, mode, rows, naive_rate, quick, variants, scatters, splits, chunk_set, sized, precise
+        )
         torch.cuda.empty_cache()
 
 
@@ -201,15 +206,16 @@ def bench_mode(
     splits=(None,),
     chunk_set=(1, 2, 4),
     sized=(None,),
+    precise=(None,),
 ):
     cfg, sets = inputs_for(name, n, r, mode, copies=1 if name != "synthetic" else 3)
     n_kept = len(sets[0][0])
     row0 = {"input": name, "N": n_kept, "R": r, "mode": mode}
 
-    def fast(s, chunks, variant, scatter, split=None, sized_list=None):
+    def fast(s, chunks, variant, scatter, split=None, sized_list=None, scatter_precise=None):
         return extract_fields(
             s[0], s[1], cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter, splits=split,
-            sized_list=sized_list,
+            sized_list=sized_list, scatter_precise=scatter_precise,
         )  # fmt: skip
 
     def naive(s):
@@ -227,16 +233,17 @@ def bench_mode(
     if mode != "exact":
         scatters = (0,)
     combos = [
-        (c, v, x, sp, sz)
+        (c, v, x, sp, sz, pr)
         for v in variants
         for c in chunk_set
         if mode == "exact" or c != 4
         for x in scatters
         for sp in (splits if v == 2 else (None,))
         for sz in (sized if v >= 2 else (None,))
+        for pr in (precise if mode == "exact" else (None,))
     ]
-    for chunks, variant, scatter, split, sized_list in combos:
-        key = (chunks, variant, scatter, split, sized_list)
+    for chunks, variant, scatter, split, sized_list, scatter_precise in combos:
+        key = (chunks, variant, scatter, split, sized_list, scatter_precise)
         t0 = time.perf_counter()
         fast(sets[0], *key)
         torch.cuda.synchronize()
@@ -252,10 +259,13 @@ def bench_mode(
                           "scatter_voxels": scatter, "splits": used_splits,
                           "sized_list": (default_sized_list(cfg) if sized_list is None else sized_list)
                           if variant >= 2 else True,
+                          "scatter_precise": default_scatter_precise(cfg) if scatter_precise is None
+                          else scatter_precise,
                           "default": chunks == default_chunks(cfg) and variant == default_variant(cfg)
                           and scatter == default_scatter_voxels(cfg)
                           and split in (None, default_splits(cfg, chunks))
-                          and sized_list in (None, default_sized_list(cfg)),
+                          and sized_list in (None, default_sized_list(cfg))
+                          and scatter_precise in (None, default_scatter_precise(cfg)),
                           "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
                           "peak_MB": peak_mb(lambda s, k=key: fast(s, *k), sets[0])})  # fmt: skip
         row_keys[id(fast_rows[-1])] = key
@@ -267,6 +277,7 @@ def bench_mode(
             scatters[0],
             splits[0] if variants[0] == 2 else None,
             sized[0] if variants[0] >= 2 else None,
+            precise[0] if mode == "exact" else None,
         ),
         outs[combos[0]],
     )
@@ -320,6 +331,7 @@ def table(rows: list[dict]) -> str:
             + (f"/v{row['variant']}" if "variant" in row else "")
             + (f"/s{row['splits']}" if row.get("splits", 1) > 1 else "")
             + ("/L" if row.get("variant", 1) >= 2 and row.get("sized_list") else "")
+            + ("/P" if row.get("scatter_precise") else "")
             + ("*" if row.get("default") else "")
         )
         ms = f"{row['median_ms']:.4g}" if "median_ms" in row else "-"
@@ -386,6 +398,11 @@ def main() -> None:
     )
     parser.add_argument("--chunks", default="1,2,4", help="fast: tile depths / 8, comma-separated")
     parser.add_argument(
+        "--precise",
+        default="default",
+        help="exact mode: scatter_precise values, comma-separated: default, 0 or 1",
+    )
+    parser.add_argument(
         "--sized",
         default="default",
         help="variants 2, 3: sized_list values, comma-separated: default, 0 or 1",
@@ -409,6 +426,7 @@ def main() -> None:
     splits = tuple(None if x == "default" else int(x) for x in args.splits.split(","))
     chunk_set = tuple(int(x) for x in args.chunks.split(","))
     sized = tuple(None if x == "default" else bool(int(x)) for x in args.sized.split(","))
+    precise = tuple(None if x == "default" else bool(int(x)) for x in args.precise.split(","))
     if args.cases:
         cases = [("synthetic", int(c.split("x")[0]), int(c.split("x")[1])) for c in args.cases.split(",")]
     else:
@@ -417,7 +435,19 @@ def main() -> None:
     cases += [(name, None, r) for name in real for r in rs]
     for name, n, r in cases:
         bench_case(
-            name, n, r, rows, naive_rate, args.quick, modes, variants, scatters, splits, chunk_set, sized
+            name,
+            n,
+            r,
+            rows,
+            naive_rate,
+            args.quick,
+            modes,
+            variants,
+            scatters,
+            splits,
+            chunk_set,
+            sized,
+            precise,
         )
         print(f"done {name} N={n} R={r} ({time.perf_counter() - t_start:.0f} s)", flush=True)
         partial.write_text(json.dumps({"rates": rates, "hardware": hw, "results": rows}, indent=1))
@@ -445,7 +475,7 @@ def main() -> None:
         "notes": "fast: chunks = 8-voxel chunks per thread along z (tile 16 x 16 x 8*chunks); variant 1: "
         "host-sized lists (one sync per call), 2: fixed-capacity lists (no sync), register caps, empty tiles "
         "exit, 3: 2 + two Gaussians per warp step; /sK: variant 2 with K blocks per tile (long tile lists cut into "
-        "slices added with atomics); /L: variant 2 or 3 with the list sized from the counts (sized_list); * = the defaults of the code that ran (given explicitly or not). "
+        "slices added with atomics); /L: variant 2 or 3 with the list sized from the counts (sized_list); /P: float64-class Gaussians scattered (scatter_precise); * = the defaults of the code that ran (given explicitly or not). "
         "Timed runs of fast rotate over three seeded inputs of the same size (synthetic). "
         "torch = microdreamer.field.torch_impl on the GPU. naive runs predicted longer than "
         f"{NAIVE_BUDGET_S} s are skipped (cost ~ N R^3).",

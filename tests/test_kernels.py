@@ -129,27 +129,35 @@ def test_gaussian_3d_coeff_positive_exponent_is_zero():
 # extract_fields against the float64 reference
 # ----------------------------------------------------------------------------------------------
 
-# (impl, chunks, variant, scatter_voxels): the naive kernel, and the fast kernel at every tile depth in
-# its three variants (1: host-sized lists; 2: fixed-capacity lists, no host sync; 3: 2 + Gaussian pairs),
-# each with no scatter kernel (0: every Gaussian tiled) and with the default split (None: small Gaussians
-# scattered, exact mode); EVERYTHING: every non-degenerate Gaussian scattered
+# (impl, chunks, variant, scatter_voxels, splits, scatter_precise): the naive kernel, and the fast kernel at
+# every tile depth in its three variants (1: host-sized lists; 2: fixed-capacity lists, no host sync; 3:
+# 2 + Gaussian pairs), each with no scatter kernel (0: every Gaussian tiled) and with the default split
+# (None: small Gaussians scattered, exact mode); EVERYTHING: every non-degenerate Gaussian scattered. The
+# Gaussians too thin for float32 go to the float64 scatter kernel by default (exact mode), to the tiled
+# kernels' float64 path with scatter_precise=False
 EVERYTHING = 1 << 40
 IMPL_VARIANTS = (
-    [("naive", None, None, None, None)]
-    + [("fast", c, v, s, None) for v in (1, 2, 3) for c in (1, 2, 4) for s in (0, None)]
-    + [("fast", 1, v, EVERYTHING, None) for v in (1, 2)]
+    [("naive", None, None, None, None, None)]
+    + [("fast", c, v, s, None, None) for v in (1, 2, 3) for c in (1, 2, 4) for s in (0, None)]
+    + [("fast", 1, v, EVERYTHING, None, None) for v in (1, 2)]
     # variant 2 with one block per tile, and with every list longer than 3 entries cut into 2 or 5 slices
     # (partial tiles added with atomics into the zeroed grid)
-    + [("fast", c, 2, None, sp) for c in (1, 2, 4) for sp in (1, 2, 5)]
+    + [("fast", c, 2, None, sp, None) for c in (1, 2, 4) for sp in (1, 2, 5)]
+    # the thin Gaussians in the tiled kernels' float64 path
+    + [("fast", c, v, s, None, False) for v in (1, 2) for c in (1, 4) for s in (0, None)]
 )
 
 
 def _variants(mode):
     return [
-        (i, c, v, dict(chunks=c, variant=v, scatter_voxels=s, **_split_kw(sp)))
-        for i, c, v, s, sp in IMPL_VARIANTS
+        (i, c, v, dict(chunks=c, variant=v, scatter_voxels=s, **_split_kw(sp), **_precise_kw(pr)))
+        for i, c, v, s, sp, pr in IMPL_VARIANTS
         if not (mode == "upstream" and c == 4)
     ]
+
+
+def _precise_kw(precise):
+    return {} if precise is None else dict(scatter_precise=precise)
 
 
 def _split_kw(splits):
@@ -294,6 +302,24 @@ def test_sized_list_grows_past_the_fixed_capacity(variant):
                 prepared, grid, cfg, "fast", chunks=4, variant=variant, sized_list=sized, **_split_kw(splits)
             )
             assert rel_err(out, ref) <= FIELD_REL_TOL
+
+
+@cuda
+@pytest.mark.parametrize("r", [64, 66])
+def test_precise_scatter_agrees_with_the_tiled_float64_path(r):
+    # thin discs and needles in random orientations (the float64 class): added by the float64 scatter kernel
+    # (default) or by the tiled kernels' float64 path; both evaluate q in float64, so only the summation
+    # order differs. R = 64: four-wide vector atomics; R = 66: scalar atomics
+    splat = make_random_splat(300, seed=50 + r, spread=0.7, log_scale_mean=-2.5, log_scale_std=0.3)
+    splat.log_scales[:, 2] = math.log(2e-4)  # every Gaussian 100x thinner than a voxel along one axis
+    cfg = FieldConfig(resolution=r, mode="exact")
+    prepared, grid = prepare_gaussians(splat, cfg)
+    ref = density_field_reference(prepared, grid, cfg)
+    tiled = run_kernel(prepared, grid, cfg, "fast", scatter_precise=False)
+    for variant in (1, 2):
+        out = run_kernel(prepared, grid, cfg, "fast", variant=variant)
+        assert_field_matches(out, ref)
+        assert rel_err(out, tiled) <= 2e-6
 
 
 @cuda

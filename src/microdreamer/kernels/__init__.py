@@ -24,6 +24,9 @@ Implementations of :func:`extract_fields` (``impl=``):
   In exact mode, Gaussians whose cutoff box holds at most ``scatter_voxels`` voxels (small ones, which
   fill the warp footprints poorly) stay out of the lists: after the tiled kernel, a scatter kernel adds
   them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics.
+  With ``scatter_precise`` (exact mode), the Gaussians too thin for the float32 column form (the float64
+  class) are added the same way in float64, instead of by the tiled kernels' float64 path over their
+  boxes (thin discs have boxes far larger than their cutoff ellipsoids).
   Variant 2 can also give a tile several blocks (``splits``): a tile list longer than
   ``split_min_entries`` is cut into up to ``splits`` slices, each evaluated by its own block and added
   into the (zeroed) grid with atomics, so that a few tiles with long lists (wide Gaussians on a coarse
@@ -52,6 +55,7 @@ __all__ = [
     "default_scatter_voxels",
     "default_splits",
     "default_sized_list",
+    "default_scatter_precise",
 ]
 
 IMPLS = ("fast", "naive")
@@ -118,6 +122,12 @@ def default_scatter_voxels(config: FieldConfig) -> int:
     return 4096 if config.mode == "exact" else 0
 
 
+def default_scatter_precise(config: FieldConfig) -> bool:
+    """fast, exact mode: add the float64-class Gaussians with the float64 scatter kernel (upstream mode never
+    scatters)."""
+    return config.mode == "exact"
+
+
 def _axis_table(r: int, length: int, device: torch.device) -> torch.Tensor:
     """[length] float32 grid coordinates -1 + 2 k / (R - 1): ``GridSpec.axis`` extended past R - 1."""
     key = ("axis", r, length, str(device))
@@ -151,6 +161,7 @@ def extract_fields(
     splits: int | None = None,
     split_min_entries: int = SPLIT_MIN_ENTRIES,
     sized_list: bool | None = None,
+    scatter_precise: bool | None = None,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -175,6 +186,9 @@ def extract_fields(
         sized_list: fast, variants 2 and 3: read the number of list entries back (one synchronisation) and
             grow the list to it when the fixed capacity is too small (up to ``max_list_entries``); default
             :func:`default_sized_list`.
+        scatter_precise: fast, exact mode: the Gaussians too thin for the float32 column form are added by
+            the float64 scatter kernel rather than the tiled kernels; default
+            :func:`default_scatter_precise`.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -225,6 +239,7 @@ def extract_fields(
         exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
         int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
         int(splits), int(split_min_entries), bool(sized_list),
+        bool(default_scatter_precise(config) if scatter_precise is None else scatter_precise),
     )  # fmt: skip
 
 

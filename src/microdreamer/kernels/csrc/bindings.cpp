@@ -53,7 +53,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           const at::Tensor& upper, std::optional<at::Tensor> out_opt, int64_t resolution, bool exact,
                           double cutoff_sq, double cutoff_tol, int64_t block_voxels, const std::string& impl,
                           int64_t chunks, int64_t max_list_entries, int64_t variant, int64_t list_capacity,
-                          int64_t scatter_voxels, int64_t splits, int64_t split_min, bool sized_list) {
+                          int64_t scatter_voxels, int64_t splits, int64_t split_min, bool sized_list,
+                          bool scatter_precise) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -100,6 +101,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const int64_t nty = ntx, n_tiles = ntx * nty * ntz;
   TORCH_CHECK(n_tiles < (int64_t(1) << 31), "too many tiles: ", n_tiles);
   const bool scatter = fast && exact && scatter_voxels > 0;
+  const bool precise_scatter = fast && exact && scatter_precise;
   // variant 2 with splits: the scan kernel lists the (tile, slice) work items
   const bool split = fast && variant == 2 && splits > 1 && n_tiles * microdreamer::kMaxSplits < (int64_t(1) << 31);
   int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
@@ -145,6 +147,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.ntz = static_cast<int>(ntz);
   s.tile_counts = fast ? counts : nullptr;
   s.scatter_max_voxels = scatter ? scatter_voxels : 0;
+  s.scatter_precise = precise_scatter;
   s.params = params;
   s.precise = precise;
   C10_CUDA_CHECK(microdreamer::launch_setup(s, stream));
@@ -200,9 +203,10 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     }
   }
 
-  // the small Gaussians (kScatter), added after the tiled kernel has written every voxel
+  // the small Gaussians (kScatter) and the thin ones (kPreciseScatter), added after the tiled kernel has
+  // written every voxel
   auto add_scattered = [&]() {
-    if (!scatter) return;
+    if (!scatter && !precise_scatter) return;
     microdreamer::ScatterArgs sa{};
     sa.params = params;
     sa.n = n;
@@ -212,8 +216,16 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     sa.out = out.data_ptr<float>();
     sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(sa.axis) % 16 == 0;
-    C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    sa.precise = precise;
+    sa.cutoff_sq_d = cutoff_sq;
+    if (scatter) {
+      C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (precise_scatter) {
+      C10_CUDA_CHECK(microdreamer::launch_precise_scatter(sa, stream));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
   };
 
   // the binning (fill) and the tiled kernel's arguments for the tiles of z-slabs [z0, z1), whose list

@@ -136,6 +136,7 @@ __global__ void setup_kernel(const SetupArgs a) {
       const int64_t vol = static_cast<int64_t>(hi[0] - lo[0] + 1) * (hi[1] - lo[1] + 1) * (hi[2] - lo[2] + 1);
       if (vol <= a.scatter_max_voxels) cls = kScatter;
     }
+    if (a.exact && a.scatter_precise && cls == kPrecise) cls = kPreciseScatter;
     if (cls == kEmpty) {
       for (int k = 0; k < 3; ++k) { lo[k] = 1; hi[k] = 0; }
     }
@@ -149,7 +150,7 @@ __global__ void setup_kernel(const SetupArgs a) {
     p[3] = make_float4(__int_as_float(cls), __int_as_float(lo[0]), __int_as_float(hi[0]), __int_as_float(lo[1]));
     p[4] = make_float4(__int_as_float(hi[1]), __int_as_float(lo[2]), __int_as_float(hi[2]),
                        __int_as_float(static_cast<int>(g)));
-    if (cls == kPrecise) {
+    if (cls == kPrecise || cls == kPreciseScatter) {
       double2* d = reinterpret_cast<double2*>(a.precise + g * kPreciseWords);
       d[0] = make_double2(l11, l12);
       d[1] = make_double2(l22, g1);
@@ -810,6 +811,75 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
   }
 }
 
+// precise scatter kernel (exact mode): scatter_kernel's layout for the kPreciseScatter class, with the
+// float64 coefficients and arithmetic of process_precise(): per column Q2 and the cutoff interval along z
+// in float64, each voxel's q in float64 and tested against c^2 there, the term rounded to float32 once.
+__global__ void __launch_bounds__(256) precise_scatter_kernel(const ScatterArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const float4* params = reinterpret_cast<const float4*>(a.params);
+  const int64_t r = a.resolution;
+  const double inv_h = 0.5 * static_cast<double>(a.resolution - 1);
+  const double cut = a.cutoff_sq_d;
+  for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
+    const float4 p3 = __ldg(params + g * 5 + 3);
+    if (__float_as_int(p3.x) != kPreciseScatter) continue;
+    const float4 p0 = __ldg(params + g * 5), p4 = __ldg(params + g * 5 + 4);
+    const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
+    const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
+    const double* d = a.precise + g * kPreciseWords;
+    const double l11 = d[0], l12 = d[1], l22 = d[2], g1 = d[3], g2 = d[4], A = d[5], log2o = d[6];
+    const double mux = p0.x, muy = p0.y, muz = p0.z;
+    const int ny = hiy - loy + 1;
+    const int cols = (hix - lox + 1) * ny;
+    const float rny = 1.f / static_cast<float>(ny);
+    for (int c = lane; c < cols; c += 32) {
+      // c / ny and c % ny: a float reciprocal, then one correction step (exact: cols <= R^2 <= 2^24)
+      int di = static_cast<int>((static_cast<float>(c) + 0.5f) * rny);
+      int dj = c - di * ny;
+      if (dj < 0) {
+        --di;
+        dj += ny;
+      } else if (dj >= ny) {
+        ++di;
+        dj -= ny;
+      }
+      const int i = lox + di, j = loy + dj;
+      const double dx = static_cast<double>(a.axis[i]) - mux, dy = static_cast<double>(a.axis[j]) - muy;
+      const double u1 = fma(l11, dx, l12 * dy), u2 = l22 * dy;
+      const double q2 = fma(u1, u1, u2 * u2);
+      if (!(q2 <= cut)) continue;  // every voxel of the column has q >= q2
+      const double m = fma(g1, dx, g2 * dy);
+      const double half = sqrt((cut - q2) / A);
+      const double zc = muz + m;
+      const double f0 = floor((zc - half + 1.0) * inv_h) - 1.0, f1 = ceil((zc + half + 1.0) * inv_h) + 1.0;
+      const int k0 = static_cast<int>(fmax(f0, static_cast<double>(loz)));
+      const int k1 = static_cast<int>(fmin(f1, static_cast<double>(hiz)));
+      float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
+      if (a.vec4) {
+        for (int kq = k0 & ~3; kq <= k1; kq += 4) {
+          const float4 zq = *reinterpret_cast<const float4*>(a.axis + kq);  // vec4: axis 16-byte aligned
+          const float zz[4] = {zq.x, zq.y, zq.z, zq.w};
+          float v[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const double t = (static_cast<double>(zz[e]) - muz) - m;
+            const double q = fma(A * t, t, q2);
+            v[e] = q <= cut ? ex2(static_cast<float>(fma(-kKd, q, log2o))) : 0.f;
+          }
+          if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
+        }
+      } else {
+        for (int k = k0; k <= k1; ++k) {
+          const double t = (static_cast<double>(a.axis[k]) - muz) - m;
+          const double q = fma(A * t, t, q2);
+          if (q <= cut) atomicAdd(col + k, ex2(static_cast<float>(fma(-kKd, q, log2o))));
+        }
+      }
+    }
+  }
+}
+
 // Streaming multiprocessors of the current device (cached per device).
 int multiprocessors() {
   static int cached[64] = {0};
@@ -915,6 +985,13 @@ cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_ti
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
   scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_precise_scatter(const ScatterArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return cudaSuccess;
+  if (a.precise == nullptr) return cudaErrorInvalidValue;
+  precise_scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

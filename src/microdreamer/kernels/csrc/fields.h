@@ -23,8 +23,10 @@ constexpr int kParamWords = 20;
 constexpr int kPreciseWords = 8;
 
 // kScatter: a small Gaussian left out of the tile lists and added by scatter_kernel (exact mode, when
-// SetupArgs.scatter_max_voxels > 0); the tiled kernels treat it like kEmpty.
-enum GaussClass : int { kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3, kScatter = 4 };
+// SetupArgs.scatter_max_voxels > 0); kPreciseScatter: a kPrecise Gaussian left out of the lists and added
+// by precise_scatter_kernel in float64 (exact mode, SetupArgs.scatter_precise). The tiled kernels treat
+// both like kEmpty.
+enum GaussClass : int { kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3, kScatter = 4, kPreciseScatter = 5 };
 
 struct SetupArgs {
   const float* means;       // [N, 3]
@@ -43,6 +45,7 @@ struct SetupArgs {
   const double* upper;      // upstream: [B]
   int64_t scatter_max_voxels;  // exact mode: Gaussians whose cutoff box has at most this many voxels
                                // become kScatter (0: none)
+  bool scatter_precise;        // exact mode: kPrecise Gaussians become kPreciseScatter
   // binning (tile_counts == nullptr: no binning, e.g. for the naive kernel)
   int tile_x, tile_y, tile_z;     // tile size in voxels
   int ntx, nty, ntz;              // tiles per axis
@@ -123,10 +126,16 @@ struct ScatterArgs {
   float cutoff_sq;
   float* out;                     // [R, R, R], already holding the tiled kernel's result
   bool vec4;                      // R % 4 == 0, out and axis 16-byte aligned: 4-wide vector atomics
+  const double* precise;          // [N, kPreciseWords] (launch_precise_scatter)
+  double cutoff_sq_d;             // c^2 (launch_precise_scatter)
 };
 // Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
 // column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
+// Adds every kPreciseScatter Gaussian's terms to `out` (exact mode), like launch_scatter but with the
+// column intervals and the terms in float64, as the tiled kernels' float64 path computes them: thin
+// Gaussians cost their columns and in-cutoff voxels instead of tile footprints over their boxes.
+cudaError_t launch_precise_scatter(const ScatterArgs& a, cudaStream_t stream);
 // v2 ("fast" variant 2): one list of `capacity` entries for every tile (FillArgs.base and tz range
 // unused); tiles whose entries end past the capacity scan all n Gaussians. No host synchronisation.
 // pair (exact mode): evaluate two z-recurrence Gaussians per warp step (variant 3).
