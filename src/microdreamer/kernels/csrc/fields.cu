@@ -136,7 +136,11 @@ __global__ void setup_kernel(const SetupArgs a) {
       const int64_t vol = static_cast<int64_t>(hi[0] - lo[0] + 1) * (hi[1] - lo[1] + 1) * (hi[2] - lo[2] + 1);
       if (vol <= a.scatter_max_voxels) cls = kScatter;
     }
-    if (a.exact && a.scatter_precise && cls == kPrecise) cls = kPreciseScatter;
+    // thin Gaussians go to the float64 scatter kernel unless their box has so many columns that one warp
+    // would walk them long after the rest of the grid is done
+    if (a.exact && a.scatter_precise && cls == kPrecise &&
+        static_cast<int64_t>(hi[0] - lo[0] + 1) * (hi[1] - lo[1] + 1) <= kPreciseScatterMaxColumns)
+      cls = kPreciseScatter;
     if (cls == kEmpty) {
       for (int k = 0; k < 3; ++k) { lo[k] = 1; hi[k] = 0; }
     }

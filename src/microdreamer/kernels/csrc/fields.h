@@ -27,6 +27,9 @@ constexpr int kPreciseWords = 8;
 // by precise_scatter_kernel in float64 (exact mode, SetupArgs.scatter_precise). The tiled kernels treat
 // both like kEmpty.
 enum GaussClass : int { kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3, kScatter = 4, kPreciseScatter = 5 };
+// kPrecise Gaussians whose box has more columns than this stay in the tile lists (one warp per Gaussian
+// would walk 16384 columns in 512 rounds of its 32 lanes)
+constexpr int64_t kPreciseScatterMaxColumns = 16384;
 
 struct SetupArgs {
   const float* means;       // [N, 3]
