@@ -1,9 +1,10 @@
 """Where the fast field kernel's time goes: per-kernel device times of one ``extract_fields`` call.
 
-    python benchmarks/profile_fields.py [--cases 50000x128,1000000x512] [--variant V] [--json FILE]
-        [--kw name=value ...] [--calls K]
+    python benchmarks/profile_fields.py [--cases 50000x128,1000000x512,pc_guitar_91k.ply@512] [--variant V]
+        [--json FILE] [--kw name=value ...] [--calls K]
 
-For each case (synthetic object, exact mode) it warms up, then records one call under
+For each case (``NxR``: the synthetic object; ``FILE.ply@R``: a sample splat from ../shared/samples/splats;
+exact mode) it warms up, then records one call under
 ``torch.profiler`` and prints each CUDA kernel's device time and the call's span (with ``--calls K``: K
 calls, each kernel's median), then the host time per call (calls issued without a synchronisation).
 ``--kw`` passes further keyword arguments to ``extract_fields`` (values parsed as Python literals, e.g.
@@ -18,14 +19,31 @@ import ast
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.kernels import extract_fields
+from microdreamer.splat import read_ply
 from microdreamer.synthetic import make_synthetic_object
 
 HOST_CALLS = 30
+SAMPLES = Path(__file__).resolve().parents[1] / ".." / "shared" / "samples" / "splats"
+
+
+def load_case(case: str):
+    """``NxR`` -> (the synthetic object with N Gaussians, R); ``FILE.ply@R`` -> (that sample splat, R)."""
+    if "@" in case:
+        name, r = case.rsplit("@", 1)
+        path = SAMPLES / name
+        if not path.is_file():
+            raise SystemExit(
+                f"profile_fields.py: no sample splat {path}; pass one of {sorted(SAMPLES.glob('*.ply'))}"
+            )
+        return read_ply(path), int(r)
+    n, r = (int(v) for v in case.split("x"))
+    return make_synthetic_object(n, seed=0), r
 
 
 def main() -> None:
@@ -41,9 +59,9 @@ def main() -> None:
     extra = {k: ast.literal_eval(v) for k, v in (x.split("=", 1) for x in args.kw)}
     report = []
     for case in args.cases.split(","):
-        n, r = (int(v) for v in case.split("x"))
+        splat, r = load_case(case)
         cfg = FieldConfig(resolution=r, mode="exact")
-        prepared, grid = prepare_gaussians(make_synthetic_object(n, seed=0).to("cuda"), cfg)
+        prepared, grid = prepare_gaussians(splat.to("cuda"), cfg)
         out = torch.empty((r, r, r), device="cuda")
 
         def call(prepared=prepared, grid=grid, cfg=cfg, out=out):
