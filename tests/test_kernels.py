@@ -323,6 +323,52 @@ def test_precise_scatter_agrees_with_the_tiled_float64_path(r):
 
 
 @cuda
+def test_thin_discs_wider_than_the_grid_take_many_slices():
+    # thin discs wider than the grid: each box holds all 70 x 70 = 4900 columns, 20 work items of 256 columns
+    # for the float64 scatter kernel (and, binned, 5 x 5 x 9 = 225 tiles each: the warp-wide binning)
+    splat = make_random_splat(40, seed=52, spread=0.6, log_scale_mean=-3.0, log_scale_std=0.3)
+    splat.log_scales[:6, :2] = math.log(1.5)
+    splat.log_scales[:6, 2] = math.log(2e-4)
+    cfg = FieldConfig(resolution=70, mode="exact")
+    prepared, grid = prepare_gaussians(splat, cfg)
+    ref = density_field_reference(prepared, grid, cfg)
+    tiled = run_kernel(prepared, grid, cfg, "fast", scatter_precise=False)
+    assert_field_matches(tiled, ref)
+    for variant in (1, 2):
+        out = run_kernel(prepared, grid, cfg, "fast", variant=variant)
+        assert_field_matches(out, ref)
+        assert rel_err(out, tiled) <= 2e-6
+
+
+@cuda
+@pytest.mark.parametrize("capacity", [0, 7, 60])
+def test_precise_items_past_the_capacity_stay_in_the_tiles(capacity):
+    # the float64 scatter's list holds `capacity` items; Gaussians whose items do not all fit fall back to the
+    # tiled kernels' float64 path (0: all of them; 7 and 60: some each way, with slots marked unused)
+    splat = make_random_splat(200, seed=53, spread=0.7, log_scale_mean=-2.5, log_scale_std=0.3)
+    splat.log_scales[:, 2] = math.log(2e-4)
+    cfg = FieldConfig(resolution=64, mode="exact")
+    prepared, grid = prepare_gaussians(splat, cfg)
+    ref = density_field_reference(prepared, grid, cfg)
+    tiled = run_kernel(prepared, grid, cfg, "fast", scatter_precise=False)
+    for variant in (1, 2):
+        out = run_kernel(prepared, grid, cfg, "fast", variant=variant, max_precise_items=capacity)
+        assert_field_matches(out, ref)
+        assert rel_err(out, tiled) <= 2e-6
+
+
+@cuda
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+def test_wide_boxes_are_binned_by_the_whole_warp(mode):
+    # boxes of more than 16 tiles are binned (counted and listed) by all 32 lanes of their warp: a mix of
+    # Gaussians wider than the grid (up to 5 x 5 x 9 tiles at depth 8) and small ones in the same warps
+    splat = make_random_splat(90, seed=54, spread=0.8, log_scale_mean=-2.6, log_scale_std=0.4)
+    splat.log_scales[::7] = math.log(0.6)
+    for impl, _, _, kw in _variants(mode):
+        check_against_reference(splat, FieldConfig(resolution=70, mode=mode), impl, **kw)
+
+
+@cuda
 def test_defaults_at_large_resolution_match_host_sized_lists():
     # R = 400: from R = 384 on the defaults size variant 2's list from the counts (here 384k entries against
     # a fixed capacity of 144k) and give each tile 16 blocks; variant 1 (lists sized on the host, one block
@@ -358,12 +404,14 @@ def test_scatter_kernel_agrees_with_the_tiles(r):
 
 
 @cuda
-def test_scatter_voxels_must_be_non_negative():
+def test_scatter_options_must_be_non_negative():
     from microdreamer.kernels import extract_fields
 
     prepared, grid = prepare_gaussians(make_random_splat(10, seed=1), FieldConfig(resolution=16))
     with pytest.raises(ValueError, match="scatter_voxels"):
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), scatter_voxels=-1)
+    with pytest.raises(ValueError, match="max_precise_items"):
+        extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), max_precise_items=-1)
 
 
 @cuda

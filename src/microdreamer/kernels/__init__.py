@@ -64,6 +64,10 @@ MAX_LIST_ENTRIES = 1 << 28  # 1 GiB of int32 list entries (variant 1: per z-slab
 # variants 2 and 3: list capacity per Gaussian; the synthetic object bins ~50 (tile, Gaussian) pairs per
 # Gaussian at 512^3 with 16 x 16 x 32 tiles, ~80 with 16 x 16 x 8 (NOTES_fields.md)
 LIST_ENTRIES_PER_GAUSSIAN = 96
+# exact mode: the float64 scatter's work list holds this many items (256-column slices of thin Gaussians'
+# boxes) per Gaussian, plus 65536: at 512^3 pc_guitar lists 0.9 per Gaussian, supersplat_fruit 4.3
+# (NOTES_fields.md, round 8); 32 bytes per Gaussian
+PRECISE_ITEMS_PER_GAUSSIAN = 4
 
 _tables: dict[tuple, torch.Tensor] = {}
 
@@ -162,6 +166,7 @@ def extract_fields(
     split_min_entries: int = SPLIT_MIN_ENTRIES,
     sized_list: bool | None = None,
     scatter_precise: bool | None = None,
+    max_precise_items: int | None = None,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -189,6 +194,9 @@ def extract_fields(
         scatter_precise: fast, exact mode: the Gaussians too thin for the float32 column form are added by
             the float64 scatter kernel rather than the tiled kernels; default
             :func:`default_scatter_precise`.
+        max_precise_items: fast, exact mode: capacity of the float64 scatter's work list (one item per 256
+            columns of a thin Gaussian's box); the Gaussians whose items do not fit stay with the tiled
+            kernels' float64 path. Default ``PRECISE_ITEMS_PER_GAUSSIAN`` x N + 65536.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -215,6 +223,8 @@ def extract_fields(
         scatter_voxels = default_scatter_voxels(config)
     if scatter_voxels < 0:
         raise ValueError(f"scatter_voxels must be >= 0, got {scatter_voxels}")
+    if max_precise_items is not None and max_precise_items < 0:
+        raise ValueError(f"max_precise_items must be >= 0, got {max_precise_items}")
     if splits is None:
         splits = default_splits(config, chunks)
     if sized_list is None:
@@ -240,6 +250,7 @@ def extract_fields(
         int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
         int(splits), int(split_min_entries), bool(sized_list),
         bool(default_scatter_precise(config) if scatter_precise is None else scatter_precise),
+        int(PRECISE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_precise_items is None else max_precise_items),
     )  # fmt: skip
 
 

@@ -54,7 +54,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           double cutoff_sq, double cutoff_tol, int64_t block_voxels, const std::string& impl,
                           int64_t chunks, int64_t max_list_entries, int64_t variant, int64_t list_capacity,
                           int64_t scatter_voxels, int64_t splits, int64_t split_min, bool sized_list,
-                          bool scatter_precise) {
+                          bool scatter_precise, int64_t precise_capacity) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -78,6 +78,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(scatter_voxels >= 0, "scatter_voxels must be >= 0, got ", scatter_voxels);
   TORCH_CHECK(splits >= 1 && splits <= 64, "splits must be in [1, 64], got ", splits);
   TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
+  TORCH_CHECK(precise_capacity >= 0, "precise_capacity must be >= 0, got ", precise_capacity);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
   check_tensor(axis, "axis", at::kFloat, device);
@@ -112,7 +113,9 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const int64_t o_precise = ws.add(n * kPreciseWords, sizeof(double));
   const int64_t o_tile_end = ws.add(fast ? n_tiles : 0, sizeof(int64_t));
   const int64_t o_counts = ws.add(fast ? n_tiles : 0, sizeof(int));
+  const int64_t o_precise_count = ws.add(precise_scatter ? 1 : 0, sizeof(unsigned long long));
   const int64_t zeroed_bytes = ws.bytes - o_counts;
+  const int64_t o_precise_items = ws.add(precise_scatter ? precise_capacity : 0, sizeof(int64_t));
   const int64_t o_counters = ws.add(2, sizeof(int));
   const int64_t o_work = ws.add(split ? n_tiles * splits : 0, sizeof(int));
   const int64_t o_list = ws.add(fast && variant >= 2 ? capacity : 0, sizeof(int));
@@ -122,6 +125,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   double* precise = reinterpret_cast<double*>(ws_base + o_precise);
   int64_t* tile_end = reinterpret_cast<int64_t*>(ws_base + o_tile_end);
   int* counts = reinterpret_cast<int*>(ws_base + o_counts);
+  auto* precise_count = reinterpret_cast<unsigned long long*>(ws_base + o_precise_count);
+  auto* precise_items = reinterpret_cast<int64_t*>(ws_base + o_precise_items);
   if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts, 0, zeroed_bytes, stream));
 
   microdreamer::SetupArgs s{};
@@ -148,6 +153,9 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.tile_counts = fast ? counts : nullptr;
   s.scatter_max_voxels = scatter ? scatter_voxels : 0;
   s.scatter_precise = precise_scatter;
+  s.precise_count = precise_scatter ? precise_count : nullptr;
+  s.precise_items = precise_scatter ? precise_items : nullptr;
+  s.precise_capacity = precise_scatter ? precise_capacity : 0;
   s.params = params;
   s.precise = precise;
   C10_CUDA_CHECK(microdreamer::launch_setup(s, stream));
@@ -218,6 +226,9 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
               reinterpret_cast<uintptr_t>(sa.axis) % 16 == 0;
     sa.precise = precise;
     sa.cutoff_sq_d = cutoff_sq;
+    sa.precise_count = precise_count;
+    sa.precise_items = precise_items;
+    sa.precise_capacity = precise_capacity;
     if (scatter) {
       C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
       C10_CUDA_KERNEL_LAUNCH_CHECK();

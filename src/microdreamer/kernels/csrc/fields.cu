@@ -40,7 +40,7 @@ __device__ __forceinline__ float ex2(float x) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// setup: one thread per Gaussian
+// setup: one thread per Gaussian; binning (tile counts and lists) shared by the warp for wide boxes
 // ---------------------------------------------------------------------------------------------
 
 __device__ void upstream_range(double mu, const double* lower, const double* upper, int nb, int t, int r,
@@ -81,91 +81,239 @@ __device__ void exact_range(double mu, double rad, double h, int r, int* lo, int
   *hi = static_cast<int>(floor(fhi));
 }
 
-__global__ void setup_kernel(const SetupArgs a) {
-  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
-       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    double mu[3], rad[3], m[9];
-    for (int k = 0; k < 3; ++k) {
-      mu[k] = a.means[g * 3 + k];
-      rad[k] = a.radii[g * 3 + k];
+// Tile box of a voxel box: the tiles [tx0, tx0 + nx) x [ty0, ty0 + ny) x [tz0, tz0 + nz) (nx = 0: none).
+struct TileBox {
+  int tx0, ty0, tz0, nx, ny, nz;
+};
+
+__device__ __forceinline__ TileBox tile_box(const int (&lo)[3], const int (&hi)[3], int tile_x, int tile_y,
+                                            int tile_z, int tz_begin, int tz_end) {
+  TileBox b;
+  b.tx0 = lo[0] / tile_x;
+  b.ty0 = lo[1] / tile_y;
+  b.tz0 = max(lo[2] / tile_z, tz_begin);
+  b.nx = hi[0] / tile_x - b.tx0 + 1;
+  b.ny = hi[1] / tile_y - b.ty0 + 1;
+  b.nz = min(hi[2] / tile_z, tz_end - 1) - b.tz0 + 1;
+  if (b.nz <= 0) b.nx = b.ny = b.nz = 0;
+  return b;
+}
+
+// Boxes of more tiles than this are binned by the whole warp (see warp_tiles)
+constexpr int kCoopTiles = 16;
+
+// Calls op.claim(t) for every tile t of each lane's box, then op.write(claimed, g) for it: boxes of at most
+// kCoopTiles tiles by their own lane, larger ones by all 32 lanes together (four tiles per lane at a time,
+// their claims issued before their writes). One wide Gaussian used to hold its thread for thousands of
+// dependent atomics (supersplat_fruit at 512^3: one box of 14400 tiles, a 4.4 ms fill kernel) while the
+// rest of the grid had finished. Every lane of the warp must call this (boxes may be empty: nx = 0).
+template <typename Op>
+__device__ __forceinline__ void warp_tiles(const TileBox& b, int64_t g, int nty, int ntx, Op& op) {
+  const int lane = threadIdx.x & 31;
+  const int nt = b.nx * b.ny * b.nz;
+  if (nt <= kCoopTiles) {
+    for (int tz = b.tz0; tz < b.tz0 + b.nz; ++tz)
+      for (int ty = b.ty0; ty < b.ty0 + b.ny; ++ty)
+        for (int tx = b.tx0; tx < b.tx0 + b.nx; ++tx) {
+          const int64_t t = (static_cast<int64_t>(tz) * nty + ty) * ntx + tx;
+          op.write(op.claim(t), t, g);
+        }
+  }
+  unsigned big = __ballot_sync(kFull, nt > kCoopTiles);
+  while (big) {
+    const int src = __ffs(big) - 1;
+    big &= big - 1;
+    const int tx0 = __shfl_sync(kFull, b.tx0, src), ty0 = __shfl_sync(kFull, b.ty0, src);
+    const int tz0 = __shfl_sync(kFull, b.tz0, src), nx = __shfl_sync(kFull, b.nx, src);
+    const int ny = __shfl_sync(kFull, b.ny, src), n = __shfl_sync(kFull, nt, src);
+    const int64_t gs = __shfl_sync(kFull, g, src);
+    for (int f0 = lane; f0 < n; f0 += 128) {
+      int64_t t[4];
+      int claimed[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int f = f0 + 32 * u;
+        t[u] = -1;
+        if (f < n) {
+          const int rest = f / nx;
+          t[u] = (static_cast<int64_t>(tz0 + rest / ny) * nty + ty0 + rest % ny) * ntx + tx0 + f % nx;
+          claimed[u] = op.claim(t[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (t[u] >= 0) op.write(claimed[u], t[u], gs);
     }
-    for (int k = 0; k < 9; ++k) m[k] = a.transforms[g * 9 + k];
-    const double o = a.opacities[g];
-    int lo[3], hi[3];
-    bool empty = false;
-    for (int k = 0; k < 3; ++k) {
-      if (a.exact) exact_range(mu[k], rad[k], a.h, a.resolution, &lo[k], &hi[k]);
-      else upstream_range(mu[k], a.lower, a.upper, a.num_blocks_axis, a.block_voxels, a.resolution, &lo[k], &hi[k]);
-      empty = empty || lo[k] > hi[k];
-    }
-    // columns of M: u = m1 dx + m2 dy + m3 dz
-    const double m1[3] = {m[0], m[3], m[6]}, m2[3] = {m[1], m[4], m[7]}, m3[3] = {m[2], m[5], m[8]};
-    const double A = m3[0] * m3[0] + m3[1] * m3[1] + m3[2] * m3[2];
-    const double g1 = -(m3[0] * m1[0] + m3[1] * m1[1] + m3[2] * m1[2]) / A;
-    const double g2 = -(m3[0] * m2[0] + m3[1] * m2[1] + m3[2] * m2[2]) / A;
-    double va[3], vb[3];
-    for (int k = 0; k < 3; ++k) {
-      va[k] = m1[k] + g1 * m3[k];  // parts of m1, m2 orthogonal to m3
-      vb[k] = m2[k] + g2 * m3[k];
-    }
-    const double l11 = sqrt(va[0] * va[0] + va[1] * va[1] + va[2] * va[2]);
-    const double ab = va[0] * vb[0] + va[1] * vb[1] + va[2] * vb[2];
-    const double l12 = l11 > 0.0 ? ab / l11 : 0.0;
-    const double f = l11 > 0.0 ? ab / (l11 * l11) : 0.0;
-    double l22 = 0.0;
-    for (int k = 0; k < 3; ++k) {
-      const double w = vb[k] - f * va[k];
-      l22 += w * w;
-    }
-    l22 = sqrt(l22);
-    const double log2o = log2(o);
-    const bool finite = isfinite(A) && A > 0.0 && isfinite(g1) && isfinite(g2) && isfinite(l11) &&
-                        isfinite(l12) && isfinite(l22);
-    empty = empty || !finite;
-    // float32 conditioning: the absolute rounding of u1, of zc and of z - mu_z over the cutoff box,
-    // in units of the Gaussian's own spread (an isotropic Gaussian scores c)
-    const double c = sqrt(a.cutoff_sq);
-    const double sa = sqrt(A);
-    const double b1 = fabs(l11) * rad[0] + fabs(l12) * rad[1];
-    const double bm = (fabs(g1) * rad[0] + fabs(g2) * rad[1]) * sa;
-    const double bz = rad[2] * sa;
-    const bool well = b1 <= 8.0 * c && bm <= 8.0 * c && bz <= 8.0 * c && A < 1e30 && l11 < 1e15 && l22 < 1e15;
-    // the z recurrence needs sigma_{z|xy} >= 2 voxels (A h^2 <= 1/4): see NOTES_fields.md
-    int cls = empty ? kEmpty : (!well ? kPrecise : ((a.exact && A * a.h * a.h <= 0.25) ? kRecur : kDirect));
-    if (a.exact && a.scatter_max_voxels > 0 && (cls == kRecur || cls == kDirect)) {
-      const int64_t vol = static_cast<int64_t>(hi[0] - lo[0] + 1) * (hi[1] - lo[1] + 1) * (hi[2] - lo[2] + 1);
-      if (vol <= a.scatter_max_voxels) cls = kScatter;
-    }
-    // thin Gaussians go to the float64 scatter kernel unless their box has so many columns that one warp
-    // would walk them long after the rest of the grid is done
-    if (a.exact && a.scatter_precise && cls == kPrecise &&
-        static_cast<int64_t>(hi[0] - lo[0] + 1) * (hi[1] - lo[1] + 1) <= kPreciseScatterMaxColumns)
-      cls = kPreciseScatter;
-    if (cls == kEmpty) {
-      for (int k = 0; k < 3; ++k) { lo[k] = 1; hi[k] = 0; }
-    }
-    // five 16-byte stores (the layout of fields.h); the float64 table only where a kernel reads it
-    float4* p = reinterpret_cast<float4*>(a.params + g * kParamWords);
-    p[0] = make_float4(static_cast<float>(mu[0]), static_cast<float>(mu[1]), static_cast<float>(mu[2]),
+  }
+}
+
+// setup's count: one more entry for each tile
+struct CountOp {
+  int* counts;
+  __device__ int claim(int64_t t) const {
+    atomicAdd(counts + t, 1);
+    return 0;
+  }
+  __device__ void write(int, int64_t, int64_t) const {}
+};
+
+// fill: an entry of the tile's list (the tile's cursor counts down to its first entry)
+struct FillOp {
+  int* cursor;
+  const int64_t* tile_end;
+  int* list;
+  int64_t base;      // list position of this launch's first entry (variant 1's z-slab chunks)
+  int64_t capacity;  // variant 2: tiles whose entries end past it are not listed (they scan every Gaussian)
+  __device__ int claim(int64_t t) const {
+    if (tile_end[t] > capacity) return 0;
+    return atomicSub(cursor + t, 1);
+  }
+  __device__ void write(int old, int64_t t, int64_t g) const {
+    const int64_t e = tile_end[t];
+    if (e > capacity) return;
+    list[e - old - base] = static_cast<int>(g);
+  }
+};
+
+// Setup of one Gaussian: the class, voxel box and packed parameters; params/precise are written by the caller
+// once the class is final.
+struct Setup {
+  int cls;
+  int lo[3], hi[3];
+  float4 p[5];
+  double d[7];
+};
+
+__device__ Setup setup_one(const SetupArgs& a, int64_t g) {
+  Setup s;
+  double mu[3], rad[3], m[9];
+  for (int k = 0; k < 3; ++k) {
+    mu[k] = a.means[g * 3 + k];
+    rad[k] = a.radii[g * 3 + k];
+  }
+  for (int k = 0; k < 9; ++k) m[k] = a.transforms[g * 9 + k];
+  const double o = a.opacities[g];
+  bool empty = false;
+  for (int k = 0; k < 3; ++k) {
+    if (a.exact) exact_range(mu[k], rad[k], a.h, a.resolution, &s.lo[k], &s.hi[k]);
+    else upstream_range(mu[k], a.lower, a.upper, a.num_blocks_axis, a.block_voxels, a.resolution, &s.lo[k], &s.hi[k]);
+    empty = empty || s.lo[k] > s.hi[k];
+  }
+  // columns of M: u = m1 dx + m2 dy + m3 dz
+  const double m1[3] = {m[0], m[3], m[6]}, m2[3] = {m[1], m[4], m[7]}, m3[3] = {m[2], m[5], m[8]};
+  const double A = m3[0] * m3[0] + m3[1] * m3[1] + m3[2] * m3[2];
+  const double g1 = -(m3[0] * m1[0] + m3[1] * m1[1] + m3[2] * m1[2]) / A;
+  const double g2 = -(m3[0] * m2[0] + m3[1] * m2[1] + m3[2] * m2[2]) / A;
+  double va[3], vb[3];
+  for (int k = 0; k < 3; ++k) {
+    va[k] = m1[k] + g1 * m3[k];  // parts of m1, m2 orthogonal to m3
+    vb[k] = m2[k] + g2 * m3[k];
+  }
+  const double l11 = sqrt(va[0] * va[0] + va[1] * va[1] + va[2] * va[2]);
+  const double ab = va[0] * vb[0] + va[1] * vb[1] + va[2] * vb[2];
+  const double l12 = l11 > 0.0 ? ab / l11 : 0.0;
+  const double f = l11 > 0.0 ? ab / (l11 * l11) : 0.0;
+  double l22 = 0.0;
+  for (int k = 0; k < 3; ++k) {
+    const double w = vb[k] - f * va[k];
+    l22 += w * w;
+  }
+  l22 = sqrt(l22);
+  const double log2o = log2(o);
+  const bool finite = isfinite(A) && A > 0.0 && isfinite(g1) && isfinite(g2) && isfinite(l11) &&
+                      isfinite(l12) && isfinite(l22);
+  empty = empty || !finite;
+  // float32 conditioning: the absolute rounding of u1, of zc and of z - mu_z over the cutoff box,
+  // in units of the Gaussian's own spread (an isotropic Gaussian scores c)
+  const double c = sqrt(a.cutoff_sq);
+  const double sa = sqrt(A);
+  const double b1 = fabs(l11) * rad[0] + fabs(l12) * rad[1];
+  const double bm = (fabs(g1) * rad[0] + fabs(g2) * rad[1]) * sa;
+  const double bz = rad[2] * sa;
+  const bool well = b1 <= 8.0 * c && bm <= 8.0 * c && bz <= 8.0 * c && A < 1e30 && l11 < 1e15 && l22 < 1e15;
+  // the z recurrence needs sigma_{z|xy} >= 2 voxels (A h^2 <= 1/4): see NOTES_fields.md
+  int cls = empty ? kEmpty : (!well ? kPrecise : ((a.exact && A * a.h * a.h <= 0.25) ? kRecur : kDirect));
+  if (a.exact && a.scatter_max_voxels > 0 && (cls == kRecur || cls == kDirect)) {
+    const int64_t vol = static_cast<int64_t>(s.hi[0] - s.lo[0] + 1) * (s.hi[1] - s.lo[1] + 1) * (s.hi[2] - s.lo[2] + 1);
+    if (vol <= a.scatter_max_voxels) cls = kScatter;
+  }
+  // thin Gaussians go to the float64 scatter kernel (if their work items fit its list: setup_kernel)
+  if (a.exact && a.scatter_precise && cls == kPrecise) cls = kPreciseScatter;
+  if (cls == kEmpty) {
+    for (int k = 0; k < 3; ++k) { s.lo[k] = 1; s.hi[k] = 0; }
+  }
+  s.cls = cls;
+  s.p[0] = make_float4(static_cast<float>(mu[0]), static_cast<float>(mu[1]), static_cast<float>(mu[2]),
                        static_cast<float>(l11));
-    p[1] = make_float4(static_cast<float>(l12), static_cast<float>(l22), static_cast<float>(g1), static_cast<float>(g2));
-    p[2] = make_float4(static_cast<float>(A), static_cast<float>(log2o),
+  s.p[1] = make_float4(static_cast<float>(l12), static_cast<float>(l22), static_cast<float>(g1), static_cast<float>(g2));
+  s.p[2] = make_float4(static_cast<float>(A), static_cast<float>(log2o),
                        static_cast<float>(exp2(-2.0 * kKd * A * a.h * a.h)), static_cast<float>(o * a.cutoff_tol));
-    p[3] = make_float4(__int_as_float(cls), __int_as_float(lo[0]), __int_as_float(hi[0]), __int_as_float(lo[1]));
-    p[4] = make_float4(__int_as_float(hi[1]), __int_as_float(lo[2]), __int_as_float(hi[2]),
+  s.p[4] = make_float4(__int_as_float(s.hi[1]), __int_as_float(s.lo[2]), __int_as_float(s.hi[2]),
                        __int_as_float(static_cast<int>(g)));
-    if (cls == kPrecise || cls == kPreciseScatter) {
-      double2* d = reinterpret_cast<double2*>(a.precise + g * kPreciseWords);
-      d[0] = make_double2(l11, l12);
-      d[1] = make_double2(l22, g1);
-      d[2] = make_double2(g2, A);
-      d[3] = make_double2(log2o, 0.0);
+  const double dd[7] = {l11, l12, l22, g1, g2, A, log2o};
+  for (int k = 0; k < 7; ++k) s.d[k] = dd[k];
+  return s;
+}
+
+// One thread per Gaussian, the warps' 32 Gaussians side by side (every lane runs every iteration, so that the
+// warp can share work): class, box and parameters, the float64 scatter's work items (Gaussian, slice of
+// kPreciseSliceColumns columns) appended to its list, and the tile counts.
+__global__ void setup_kernel(const SetupArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + (threadIdx.x & ~31); g0 < a.n; g0 += stride) {
+    const int64_t g = g0 + lane;
+    const bool valid = g < a.n;
+    Setup s;
+    if (valid) s = setup_one(a, g);
+    else s.cls = kEmpty;
+    // kPreciseScatter: reserve ceil(columns / slice) items, one atomic per warp; the items that do not fit
+    // the list leave the Gaussian to the tiled kernels' float64 path (kPrecise), their reserved slots marked
+    int k = 0;
+    if (s.cls == kPreciseScatter) {
+      const int64_t cols = static_cast<int64_t>(s.hi[0] - s.lo[0] + 1) * (s.hi[1] - s.lo[1] + 1);
+      k = static_cast<int>((cols + kPreciseSliceColumns - 1) / kPreciseSliceColumns);
     }
-    if (a.tile_counts != nullptr && cls < kEmpty) {
-      for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
-        for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
-          for (int tx = lo[0] / a.tile_x; tx <= hi[0] / a.tile_x; ++tx)
-            atomicAdd(a.tile_counts + (static_cast<int64_t>(tz) * a.nty + ty) * a.ntx + tx, 1);
+    int incl = k;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int v = __shfl_up_sync(kFull, incl, off);
+      if (lane >= off) incl += v;
+    }
+    const int total = __shfl_sync(kFull, incl, 31);
+    if (total > 0) {
+      unsigned long long wbase = 0;
+      if (lane == 31) wbase = atomicAdd(a.precise_count, static_cast<unsigned long long>(total));
+      const int64_t first = static_cast<int64_t>(__shfl_sync(kFull, wbase, 31)) + (incl - k);
+      if (k > 0) {
+        if (first + k <= a.precise_capacity) {
+          for (int q = 0; q < k; ++q) a.precise_items[first + q] = g * kMaxPreciseSlices + q;
+        } else {
+          s.cls = kPrecise;
+          for (int64_t e = first; e < min(first + k, a.precise_capacity); ++e) a.precise_items[e] = -1;
+        }
+      }
+    }
+    if (valid) {
+      // five 16-byte stores (the layout of fields.h); the float64 table only where a kernel reads it
+      s.p[3] = make_float4(__int_as_float(s.cls), __int_as_float(s.lo[0]), __int_as_float(s.hi[0]),
+                           __int_as_float(s.lo[1]));
+      float4* p = reinterpret_cast<float4*>(a.params + g * kParamWords);
+#pragma unroll
+      for (int q = 0; q < 5; ++q) p[q] = s.p[q];
+      if (s.cls == kPrecise || s.cls == kPreciseScatter) {
+        double2* d = reinterpret_cast<double2*>(a.precise + g * kPreciseWords);
+        d[0] = make_double2(s.d[0], s.d[1]);
+        d[1] = make_double2(s.d[2], s.d[3]);
+        d[2] = make_double2(s.d[4], s.d[5]);
+        d[3] = make_double2(s.d[6], 0.0);
+      }
+    }
+    if (a.tile_counts != nullptr) {
+      TileBox b{0, 0, 0, 0, 0, 0};
+      if (valid && s.cls < kEmpty) b = tile_box(s.lo, s.hi, a.tile_x, a.tile_y, a.tile_z, 0, a.ntz);
+      CountOp op{a.tile_counts};
+      warp_tiles(b, g, a.nty, a.ntx, op);
     }
   }
 }
@@ -225,40 +373,37 @@ __global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* 
   }
 }
 
+// Tile box of Gaussian g from its packed parameters (nx = 0 when it is not in the tile lists).
+__device__ __forceinline__ TileBox params_tile_box(const FillArgs& a, int64_t g, bool valid) {
+  TileBox b{0, 0, 0, 0, 0, 0};
+  if (!valid) return b;
+  const int4* pv = reinterpret_cast<const int4*>(a.params + g * kParamWords);
+  const int4 p3 = pv[3], p4 = pv[4];
+  if (p3.x >= kEmpty) return b;  // empty, or added by a scatter kernel
+  const int lo[3] = {p3.y, p3.w, p4.y}, hi[3] = {p3.z, p4.x, p4.z};
+  return tile_box(lo, hi, a.tile_x, a.tile_y, a.tile_z, a.tz_begin, a.tz_end);
+}
+
+// v1: the tiles of z-slabs [tz_begin, tz_end), whose entries start at list position base.
 __global__ void fill_kernel(const FillArgs a) {
-  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
-       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int* pi = reinterpret_cast<const int*>(a.params + g * kParamWords);
-    if (pi[12] >= kEmpty) continue;  // empty, or added by scatter_kernel
-    const int tz0 = max(pi[17] / a.tile_z, a.tz_begin), tz1 = min(pi[18] / a.tile_z, a.tz_end - 1);
-    for (int tz = tz0; tz <= tz1; ++tz)
-      for (int ty = pi[15] / a.tile_y; ty <= pi[16] / a.tile_y; ++ty)
-        for (int tx = pi[13] / a.tile_x; tx <= pi[14] / a.tile_x; ++tx) {
-          const int64_t t = (static_cast<int64_t>(tz) * a.nty + ty) * a.ntx + tx;
-          const int old = atomicSub(a.tile_cursor + t, 1);
-          a.list[a.tile_end[t] - old - a.base] = static_cast<int>(g);
-        }
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + (threadIdx.x & ~31); g0 < a.n; g0 += stride) {
+    const int64_t g = g0 + (threadIdx.x & 31);
+    const TileBox b = params_tile_box(a, g, g < a.n);
+    FillOp op{a.tile_cursor, a.tile_end, a.list, a.base, INT64_MAX};
+    warp_tiles(b, g, a.nty, a.ntx, op);
   }
 }
 
 // v2: one list for every tile, of fixed capacity (no host read of the sizes); entries past the
 // capacity are dropped and their tiles scan every Gaussian instead (fast_kernel_v2)
 __global__ void fill_bounded_kernel(const FillArgs a, int64_t capacity) {
-  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < a.n;
-       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int4* pv = reinterpret_cast<const int4*>(a.params + g * kParamWords);
-    const int4 p3 = pv[3], p4 = pv[4];
-    const int cls = p3.x;
-    const int lo[3] = {p3.y, p3.w, p4.y}, hi[3] = {p3.z, p4.x, p4.z};
-    if (cls >= kEmpty) continue;  // empty, or added by scatter_kernel
-    for (int tz = lo[2] / a.tile_z; tz <= hi[2] / a.tile_z; ++tz)
-      for (int ty = lo[1] / a.tile_y; ty <= hi[1] / a.tile_y; ++ty)
-        for (int tx = lo[0] / a.tile_x; tx <= hi[0] / a.tile_x; ++tx) {
-          const int64_t t = (static_cast<int64_t>(tz) * a.nty + ty) * a.ntx + tx;
-          if (a.tile_end[t] > capacity) continue;  // this tile scans every Gaussian
-          const int old = atomicSub(a.tile_cursor + t, 1);
-          a.list[a.tile_end[t] - old] = static_cast<int>(g);
-        }
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + (threadIdx.x & ~31); g0 < a.n; g0 += stride) {
+    const int64_t g = g0 + (threadIdx.x & 31);
+    const TileBox b = params_tile_box(a, g, g < a.n);
+    FillOp op{a.tile_cursor, a.tile_end, a.list, 0, capacity};
+    warp_tiles(b, g, a.nty, a.ntx, op);
   }
 }
 
@@ -818,6 +963,8 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
 // precise scatter kernel (exact mode): scatter_kernel's layout for the kPreciseScatter class, with the
 // float64 coefficients and arithmetic of process_precise(): per column Q2 and the cutoff interval along z
 // in float64, each voxel's q in float64 and tested against c^2 there, the term rounded to float32 once.
+// One warp per work item of the setup kernel's list (a slice of at most kPreciseSliceColumns columns of one
+// Gaussian's box), so a thin disc as wide as the grid is spread over many warps instead of holding one.
 __global__ void __launch_bounds__(256) precise_scatter_kernel(const ScatterArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -825,9 +972,13 @@ __global__ void __launch_bounds__(256) precise_scatter_kernel(const ScatterArgs 
   const int64_t r = a.resolution;
   const double inv_h = 0.5 * static_cast<double>(a.resolution - 1);
   const double cut = a.cutoff_sq_d;
-  for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
+  const int64_t items = min(static_cast<int64_t>(*a.precise_count), a.precise_capacity);
+  for (int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; w < items; w += warps) {
+    const int64_t item = a.precise_items[w];
+    if (item < 0) continue;  // reserved by a Gaussian whose items did not fit (it stayed in the tile lists)
+    const int64_t g = item / kMaxPreciseSlices;
+    const int slice = static_cast<int>(item % kMaxPreciseSlices);
     const float4 p3 = __ldg(params + g * 5 + 3);
-    if (__float_as_int(p3.x) != kPreciseScatter) continue;
     const float4 p0 = __ldg(params + g * 5), p4 = __ldg(params + g * 5 + 4);
     const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
     const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
@@ -835,9 +986,9 @@ __global__ void __launch_bounds__(256) precise_scatter_kernel(const ScatterArgs 
     const double l11 = d[0], l12 = d[1], l22 = d[2], g1 = d[3], g2 = d[4], A = d[5], log2o = d[6];
     const double mux = p0.x, muy = p0.y, muz = p0.z;
     const int ny = hiy - loy + 1;
-    const int cols = (hix - lox + 1) * ny;
+    const int cols = min((hix - lox + 1) * ny, (slice + 1) * kPreciseSliceColumns);
     const float rny = 1.f / static_cast<float>(ny);
-    for (int c = lane; c < cols; c += 32) {
+    for (int c = slice * kPreciseSliceColumns + lane; c < cols; c += 32) {
       // c / ny and c % ny: a float reciprocal, then one correction step (exact: cols <= R^2 <= 2^24)
       int di = static_cast<int>((static_cast<float>(c) + 0.5f) * rny);
       int dj = c - di * ny;
@@ -994,8 +1145,10 @@ cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
 
 cudaError_t launch_precise_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
-  if (a.precise == nullptr) return cudaErrorInvalidValue;
-  precise_scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
+  if (a.precise == nullptr || a.precise_items == nullptr || a.precise_count == nullptr) return cudaErrorInvalidValue;
+  // the item count is on the device: a fixed grid of warps takes the items (each at most
+  // kPreciseSliceColumns / 32 rounds of its lanes)
+  precise_scatter_kernel<<<multiprocessors() * 4, 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -27,9 +27,12 @@ constexpr int kPreciseWords = 8;
 // by precise_scatter_kernel in float64 (exact mode, SetupArgs.scatter_precise). The tiled kernels treat
 // both like kEmpty.
 enum GaussClass : int { kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3, kScatter = 4, kPreciseScatter = 5 };
-// kPrecise Gaussians whose box has more columns than this stay in the tile lists (one warp per Gaussian
-// would walk 16384 columns in 512 rounds of its 32 lanes)
-constexpr int64_t kPreciseScatterMaxColumns = 16384;
+// The float64 scatter's work items: (Gaussian g, slice s) = g * kMaxPreciseSlices + s, slice s being the
+// columns [s * kPreciseSliceColumns, (s + 1) * kPreciseSliceColumns) of the Gaussian's box (column-major in
+// x, y), so that one warp takes at most 8 rounds of its lanes per item however wide the box (a box holds
+// at most R^2 <= 2^24 columns: < 65536 slices).
+constexpr int kPreciseSliceColumns = 256;
+constexpr int64_t kMaxPreciseSlices = 65536;
 
 struct SetupArgs {
   const float* means;       // [N, 3]
@@ -49,6 +52,9 @@ struct SetupArgs {
   int64_t scatter_max_voxels;  // exact mode: Gaussians whose cutoff box has at most this many voxels
                                // become kScatter (0: none)
   bool scatter_precise;        // exact mode: kPrecise Gaussians become kPreciseScatter
+  unsigned long long* precise_count;  // scatter_precise: items appended so far (zeroed before the launch)
+  int64_t* precise_items;             // [precise_capacity] out: the float64 scatter's work items; -1: unused
+  int64_t precise_capacity;           // a Gaussian whose items do not all fit stays kPrecise (tiled)
   // binning (tile_counts == nullptr: no binning, e.g. for the naive kernel)
   int tile_x, tile_y, tile_z;     // tile size in voxels
   int ntx, nty, ntz;              // tiles per axis
@@ -131,13 +137,17 @@ struct ScatterArgs {
   bool vec4;                      // R % 4 == 0, out and axis 16-byte aligned: 4-wide vector atomics
   const double* precise;          // [N, kPreciseWords] (launch_precise_scatter)
   double cutoff_sq_d;             // c^2 (launch_precise_scatter)
+  const unsigned long long* precise_count;  // launch_precise_scatter: the work items listed by setup
+  const int64_t* precise_items;
+  int64_t precise_capacity;
 };
 // Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
 // column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
 // Adds every kPreciseScatter Gaussian's terms to `out` (exact mode), like launch_scatter but with the
 // column intervals and the terms in float64, as the tiled kernels' float64 path computes them: thin
-// Gaussians cost their columns and in-cutoff voxels instead of tile footprints over their boxes.
+// Gaussians cost their columns and in-cutoff voxels instead of tile footprints over their boxes. One warp
+// per work item (a slice of kPreciseSliceColumns columns of one Gaussian's box) listed by the setup kernel.
 cudaError_t launch_precise_scatter(const ScatterArgs& a, cudaStream_t stream);
 // v2 ("fast" variant 2): one list of `capacity` entries for every tile (FillArgs.base and tz range
 // unused); tiles whose entries end past the capacity scan all n Gaussians. No host synchronisation.
