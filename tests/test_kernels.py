@@ -369,6 +369,26 @@ def test_wide_boxes_are_binned_by_the_whole_warp(mode):
 
 
 @cuda
+@pytest.mark.parametrize("capacity", [0, 5])
+def test_wide_items_past_the_capacity_are_binned_by_their_warp(capacity):
+    # boxes of more than 128 tiles (here 5 x 5 x 9 = 225 at depth 8, two items each) are binned through the
+    # wide-box list; those whose items do not fit (0: all; 5: some, with slots marked unused) by their warp
+    splat = make_random_splat(90, seed=55, spread=0.8, log_scale_mean=-2.6, log_scale_std=0.4)
+    splat.log_scales[::5] = math.log(0.6)
+    cfg = FieldConfig(resolution=70, mode="exact")
+    prepared, grid = prepare_gaussians(splat, cfg)
+    ref = density_field_reference(prepared, grid, cfg)
+    for variant in (1, 2):
+        listed = run_kernel(prepared, grid, cfg, "fast", chunks=1, variant=variant)
+        out = run_kernel(prepared, grid, cfg, "fast", chunks=1, variant=variant, max_wide_items=capacity)
+        assert_field_matches(out, ref)
+        assert rel_err(out, listed) < 1e-6  # only the summation order may differ
+    # variant 1 in z-slab chunks: each launch lists the wide items' tiles of its slabs only
+    sliced = run_kernel(prepared, grid, cfg, "fast", chunks=1, variant=1, max_list_entries=500)
+    assert rel_err(sliced, listed) < 1e-6
+
+
+@cuda
 def test_defaults_at_large_resolution_match_host_sized_lists():
     # R = 400: from R = 384 on the defaults size variant 2's list from the counts (here 384k entries against
     # a fixed capacity of 144k) and give each tile 16 blocks; variant 1 (lists sized on the host, one block
@@ -412,6 +432,8 @@ def test_scatter_options_must_be_non_negative():
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), scatter_voxels=-1)
     with pytest.raises(ValueError, match="max_precise_items"):
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), max_precise_items=-1)
+    with pytest.raises(ValueError, match="max_wide_items"):
+        extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), max_wide_items=-1)
 
 
 @cuda

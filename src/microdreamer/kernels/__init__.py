@@ -68,6 +68,9 @@ LIST_ENTRIES_PER_GAUSSIAN = 96
 # boxes) per Gaussian, plus 65536: at 512^3 pc_guitar lists 0.9 per Gaussian, supersplat_fruit 4.3
 # (NOTES_fields.md, round 8); 32 bytes per Gaussian
 PRECISE_ITEMS_PER_GAUSSIAN = 4
+# fast: the wide-box list (tile boxes of more than 128 tiles, one item per 128 tiles) holds this many items per
+# Gaussian, plus 65536: dg_ghost lists 1.2 per Gaussian at 512^3 (NOTES_fields.md, round 8)
+WIDE_ITEMS_PER_GAUSSIAN = 4
 
 _tables: dict[tuple, torch.Tensor] = {}
 
@@ -167,6 +170,7 @@ def extract_fields(
     sized_list: bool | None = None,
     scatter_precise: bool | None = None,
     max_precise_items: int | None = None,
+    max_wide_items: int | None = None,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -197,6 +201,9 @@ def extract_fields(
         max_precise_items: fast, exact mode: capacity of the float64 scatter's work list (one item per 256
             columns of a thin Gaussian's box); the Gaussians whose items do not fit stay with the tiled
             kernels' float64 path. Default ``PRECISE_ITEMS_PER_GAUSSIAN`` x N + 65536.
+        max_wide_items: fast: capacity of the wide-box list (tile boxes of more than 128 tiles, one item per 128
+            tiles, binned by warps all over the GPU); the Gaussians whose items do not fit are binned by their
+            own warp. Default ``WIDE_ITEMS_PER_GAUSSIAN`` x N + 65536.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -223,8 +230,9 @@ def extract_fields(
         scatter_voxels = default_scatter_voxels(config)
     if scatter_voxels < 0:
         raise ValueError(f"scatter_voxels must be >= 0, got {scatter_voxels}")
-    if max_precise_items is not None and max_precise_items < 0:
-        raise ValueError(f"max_precise_items must be >= 0, got {max_precise_items}")
+    for name, value in (("max_precise_items", max_precise_items), ("max_wide_items", max_wide_items)):
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
     if splits is None:
         splits = default_splits(config, chunks)
     if sized_list is None:
@@ -251,6 +259,7 @@ def extract_fields(
         int(splits), int(split_min_entries), bool(sized_list),
         bool(default_scatter_precise(config) if scatter_precise is None else scatter_precise),
         int(PRECISE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_precise_items is None else max_precise_items),
+        int(WIDE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_wide_items is None else max_wide_items),
     )  # fmt: skip
 
 

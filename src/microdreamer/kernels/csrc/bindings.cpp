@@ -54,7 +54,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           double cutoff_sq, double cutoff_tol, int64_t block_voxels, const std::string& impl,
                           int64_t chunks, int64_t max_list_entries, int64_t variant, int64_t list_capacity,
                           int64_t scatter_voxels, int64_t splits, int64_t split_min, bool sized_list,
-                          bool scatter_precise, int64_t precise_capacity) {
+                          bool scatter_precise, int64_t precise_capacity,
+                          int64_t wide_capacity) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -79,6 +80,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(splits >= 1 && splits <= 64, "splits must be in [1, 64], got ", splits);
   TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
   TORCH_CHECK(precise_capacity >= 0, "precise_capacity must be >= 0, got ", precise_capacity);
+  TORCH_CHECK(wide_capacity >= 0, "wide_capacity must be >= 0, got ", wide_capacity);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
   check_tensor(axis, "axis", at::kFloat, device);
@@ -114,8 +116,10 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const int64_t o_tile_end = ws.add(fast ? n_tiles : 0, sizeof(int64_t));
   const int64_t o_counts = ws.add(fast ? n_tiles : 0, sizeof(int));
   const int64_t o_precise_count = ws.add(precise_scatter ? 1 : 0, sizeof(unsigned long long));
+  const int64_t o_wide_count = ws.add(fast ? 1 : 0, sizeof(unsigned long long));
   const int64_t zeroed_bytes = ws.bytes - o_counts;
   const int64_t o_precise_items = ws.add(precise_scatter ? precise_capacity : 0, sizeof(int64_t));
+  const int64_t o_wide_items = ws.add(fast ? wide_capacity : 0, sizeof(int64_t));
   const int64_t o_counters = ws.add(2, sizeof(int));
   const int64_t o_work = ws.add(split ? n_tiles * splits : 0, sizeof(int));
   const int64_t o_list = ws.add(fast && variant >= 2 ? capacity : 0, sizeof(int));
@@ -127,6 +131,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   int* counts = reinterpret_cast<int*>(ws_base + o_counts);
   auto* precise_count = reinterpret_cast<unsigned long long*>(ws_base + o_precise_count);
   auto* precise_items = reinterpret_cast<int64_t*>(ws_base + o_precise_items);
+  auto* wide_count = reinterpret_cast<unsigned long long*>(ws_base + o_wide_count);
+  auto* wide_items = reinterpret_cast<int64_t*>(ws_base + o_wide_items);
   if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts, 0, zeroed_bytes, stream));
 
   microdreamer::SetupArgs s{};
@@ -156,10 +162,42 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.precise_count = precise_scatter ? precise_count : nullptr;
   s.precise_items = precise_scatter ? precise_items : nullptr;
   s.precise_capacity = precise_scatter ? precise_capacity : 0;
+  s.wide_count = fast ? wide_count : nullptr;
+  s.wide_items = fast ? wide_items : nullptr;
+  s.wide_capacity = fast ? wide_capacity : 0;
   s.params = params;
   s.precise = precise;
   C10_CUDA_CHECK(microdreamer::launch_setup(s, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  // the binning's arguments (fill) for the tiles of z-slabs [z0, z1), whose list entries start at position
+  // `base` of `list` (all tiles at once: z0 = 0, z1 = ntz, base = 0)
+  auto fill_args = [&](int* list, int64_t z0, int64_t z1, int64_t base) {
+    microdreamer::FillArgs f{};
+    f.params = params;
+    f.n = n;
+    f.tile_x = 16;
+    f.tile_y = 16;
+    f.tile_z = static_cast<int>(tz);
+    f.ntx = static_cast<int>(ntx);
+    f.nty = static_cast<int>(nty);
+    f.ntz = static_cast<int>(ntz);
+    f.tz_begin = static_cast<int>(z0);
+    f.tz_end = static_cast<int>(z1);
+    f.tile_cursor = counts;
+    f.tile_end = tile_end;
+    f.base = base;
+    f.list = list;
+    f.wide_count = wide_count;
+    f.wide_items = wide_items;
+    f.wide_capacity = wide_capacity;
+    return f;
+  };
+  if (fast) {
+    // the tiles of the wide boxes listed by setup
+    C10_CUDA_CHECK(microdreamer::launch_count_wide(fill_args(nullptr, 0, ntz, 0), stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 
   if (!fast) {
     microdreamer::NaiveArgs a{};
@@ -239,26 +277,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     }
   };
 
-  // the binning (fill) and the tiled kernel's arguments for the tiles of z-slabs [z0, z1), whose list
-  // entries start at position `base` of `list` (all tiles at once: z0 = 0, z1 = ntz, base = 0)
-  auto fill_args = [&](int* list, int64_t z0, int64_t z1, int64_t base) {
-    microdreamer::FillArgs f{};
-    f.params = params;
-    f.n = n;
-    f.tile_x = 16;
-    f.tile_y = 16;
-    f.tile_z = static_cast<int>(tz);
-    f.ntx = static_cast<int>(ntx);
-    f.nty = static_cast<int>(nty);
-    f.ntz = static_cast<int>(ntz);
-    f.tz_begin = static_cast<int>(z0);
-    f.tz_end = static_cast<int>(z1);
-    f.tile_cursor = counts;
-    f.tile_end = tile_end;
-    f.base = base;
-    f.list = list;
-    return f;
-  };
+  // the tiled kernel's arguments for the tiles of z-slabs from z0, list entries from `base` of `list`
   auto fast_args = [&](const int* list, int64_t z0, int64_t base) {
     microdreamer::FastArgs a{};
     a.params = params;

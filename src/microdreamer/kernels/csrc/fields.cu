@@ -99,8 +99,23 @@ __device__ __forceinline__ TileBox tile_box(const int (&lo)[3], const int (&hi)[
   return b;
 }
 
+// Tile box of Gaussian g from its packed parameters, z-slabs [tz_begin, tz_end) only (nx = 0 when it is not in
+// the tile lists).
+__device__ __forceinline__ TileBox params_tile_box(const FillArgs& a, int64_t g, int tz_begin, int tz_end) {
+  const int4* pv = reinterpret_cast<const int4*>(a.params + g * kParamWords);
+  const int4 p3 = pv[3], p4 = pv[4];
+  if (p3.x >= kEmpty) return TileBox{0, 0, 0, 0, 0, 0};  // empty, or added by a scatter kernel
+  const int lo[3] = {p3.y, p3.w, p4.y}, hi[3] = {p3.z, p4.x, p4.z};
+  return tile_box(lo, hi, a.tile_x, a.tile_y, a.tile_z, tz_begin, tz_end);
+}
+
 // Boxes of more tiles than this are binned by the whole warp (see warp_tiles)
 constexpr int kCoopTiles = 16;
+// Boxes of more tiles than this go to the wide-box list: one work item per kWideTiles tiles (item = g *
+// kMaxWideChunks + chunk; a box holds < 2^26 tiles at R <= 4096), flagged in the parameters' word 19
+constexpr int kWideTiles = 128;
+constexpr int64_t kMaxWideChunks = int64_t(1) << 20;
+constexpr int kWideFlag = static_cast<int>(0x80000000u);
 
 // Calls op.claim(t) for every tile t of each lane's box, then op.write(claimed, g) for it: boxes of at most
 // kCoopTiles tiles by their own lane, larger ones by all 32 lanes together (four tiles per lane at a time,
@@ -175,6 +190,39 @@ struct FillOp {
   }
 };
 
+// Warp-collective (every lane calls it): appends this lane's k items g * stride + q (q < k) to a list of
+// `capacity` items, one atomic per warp. Returns whether they all fit; the slots of a lane whose items do not
+// all fit are marked -1 (its Gaussian then takes the path it would take without the list).
+__device__ bool append_items(int k, int64_t g, int64_t stride, unsigned long long* count, int64_t* items,
+                             int64_t capacity) {
+  const int lane = threadIdx.x & 31;
+  int incl = k;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int v = __shfl_up_sync(kFull, incl, off);
+    if (lane >= off) incl += v;
+  }
+  const int total = __shfl_sync(kFull, incl, 31);
+  if (total == 0) return false;
+  unsigned long long wbase = 0;
+  if (lane == 31) wbase = atomicAdd(count, static_cast<unsigned long long>(total));
+  const int64_t first = static_cast<int64_t>(__shfl_sync(kFull, wbase, 31)) + (incl - k);
+  if (k == 0) return false;
+  if (first + k <= capacity) {
+    for (int q = 0; q < k; ++q) items[first + q] = g * stride + q;
+    return true;
+  }
+  for (int64_t e = first; e < min(first + k, capacity); ++e) items[e] = -1;
+  return false;
+}
+
+// Tile f (0 <= f < nx ny nz, x fastest) of a tile box: its tile index, and its tz in *tz.
+__device__ __forceinline__ int64_t box_tile(const TileBox& b, int f, int nty, int ntx, int* tz) {
+  const int rest = f / b.nx;
+  *tz = b.tz0 + rest / b.ny;
+  return (static_cast<int64_t>(*tz) * nty + b.ty0 + rest % b.ny) * ntx + b.tx0 + f % b.nx;
+}
+
 // Setup of one Gaussian: the class, voxel box and packed parameters; params/precise are written by the caller
 // once the class is final.
 struct Setup {
@@ -248,8 +296,7 @@ __device__ Setup setup_one(const SetupArgs& a, int64_t g) {
   s.p[1] = make_float4(static_cast<float>(l12), static_cast<float>(l22), static_cast<float>(g1), static_cast<float>(g2));
   s.p[2] = make_float4(static_cast<float>(A), static_cast<float>(log2o),
                        static_cast<float>(exp2(-2.0 * kKd * A * a.h * a.h)), static_cast<float>(o * a.cutoff_tol));
-  s.p[4] = make_float4(__int_as_float(s.hi[1]), __int_as_float(s.lo[2]), __int_as_float(s.hi[2]),
-                       __int_as_float(static_cast<int>(g)));
+  s.p[4] = make_float4(__int_as_float(s.hi[1]), __int_as_float(s.lo[2]), __int_as_float(s.hi[2]), 0.f);
   const double dd[7] = {l11, l12, l22, g1, g2, A, log2o};
   for (int k = 0; k < 7; ++k) s.d[k] = dd[k];
   return s;
@@ -267,37 +314,31 @@ __global__ void setup_kernel(const SetupArgs a) {
     Setup s;
     if (valid) s = setup_one(a, g);
     else s.cls = kEmpty;
-    // kPreciseScatter: reserve ceil(columns / slice) items, one atomic per warp; the items that do not fit
-    // the list leave the Gaussian to the tiled kernels' float64 path (kPrecise), their reserved slots marked
+    // kPreciseScatter: ceil(columns / slice) work items for the float64 scatter; a Gaussian whose items do not
+    // fit its list stays in the tile lists (kPrecise)
     int k = 0;
     if (s.cls == kPreciseScatter) {
       const int64_t cols = static_cast<int64_t>(s.hi[0] - s.lo[0] + 1) * (s.hi[1] - s.lo[1] + 1);
       k = static_cast<int>((cols + kPreciseSliceColumns - 1) / kPreciseSliceColumns);
     }
-    int incl = k;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(kFull, incl, off);
-      if (lane >= off) incl += v;
-    }
-    const int total = __shfl_sync(kFull, incl, 31);
-    if (total > 0) {
-      unsigned long long wbase = 0;
-      if (lane == 31) wbase = atomicAdd(a.precise_count, static_cast<unsigned long long>(total));
-      const int64_t first = static_cast<int64_t>(__shfl_sync(kFull, wbase, 31)) + (incl - k);
-      if (k > 0) {
-        if (first + k <= a.precise_capacity) {
-          for (int q = 0; q < k; ++q) a.precise_items[first + q] = g * kMaxPreciseSlices + q;
-        } else {
-          s.cls = kPrecise;
-          for (int64_t e = first; e < min(first + k, a.precise_capacity); ++e) a.precise_items[e] = -1;
-        }
-      }
-    }
+    if (a.precise_items != nullptr &&
+        !append_items(k, g, kMaxPreciseSlices, a.precise_count, a.precise_items, a.precise_capacity) && k > 0)
+      s.cls = kPrecise;
+    // binning: boxes of more than kWideTiles tiles go to the wide-box list (one item per kWideTiles tiles,
+    // counted by count_wide_kernel and listed by the fill kernels), so that they are spread over the whole GPU
+    TileBox b{0, 0, 0, 0, 0, 0};
+    if (a.tile_counts != nullptr && valid && s.cls < kEmpty)
+      b = tile_box(s.lo, s.hi, a.tile_x, a.tile_y, a.tile_z, 0, a.ntz);
+    const int nt = b.nx * b.ny * b.nz;
+    const int kw = nt > kWideTiles ? (nt + kWideTiles - 1) / kWideTiles : 0;
+    bool wide = false;
+    if (a.wide_items != nullptr)
+      wide = append_items(kw, g, kMaxWideChunks, a.wide_count, a.wide_items, a.wide_capacity) && kw > 0;
     if (valid) {
       // five 16-byte stores (the layout of fields.h); the float64 table only where a kernel reads it
       s.p[3] = make_float4(__int_as_float(s.cls), __int_as_float(s.lo[0]), __int_as_float(s.hi[0]),
                            __int_as_float(s.lo[1]));
+      s.p[4].w = __int_as_float(static_cast<int>(g) | (wide ? kWideFlag : 0));
       float4* p = reinterpret_cast<float4*>(a.params + g * kParamWords);
 #pragma unroll
       for (int q = 0; q < 5; ++q) p[q] = s.p[q];
@@ -310,10 +351,31 @@ __global__ void setup_kernel(const SetupArgs a) {
       }
     }
     if (a.tile_counts != nullptr) {
-      TileBox b{0, 0, 0, 0, 0, 0};
-      if (valid && s.cls < kEmpty) b = tile_box(s.lo, s.hi, a.tile_x, a.tile_y, a.tile_z, 0, a.ntz);
+      if (wide) b.nx = b.ny = b.nz = 0;  // counted by count_wide_kernel
       CountOp op{a.tile_counts};
       warp_tiles(b, g, a.nty, a.ntx, op);
+    }
+  }
+}
+
+// Counts the tiles of the wide-box list's items (after setup_kernel): one warp per item of kWideTiles tiles,
+// four per lane. a.tile_cursor is the tile counts here.
+__global__ void __launch_bounds__(256) count_wide_kernel(const FillArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int64_t items = min(static_cast<int64_t>(*a.wide_count), a.wide_capacity);
+  for (int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; w < items; w += warps) {
+    const int64_t item = a.wide_items[w];
+    if (item < 0) continue;
+    const int64_t g = item / kMaxWideChunks;
+    const int f0 = static_cast<int>(item % kMaxWideChunks) * kWideTiles;
+    const TileBox b = params_tile_box(a, g, 0, a.ntz);
+    const int end = min(b.nx * b.ny * b.nz, f0 + kWideTiles);
+#pragma unroll
+    for (int u = 0; u < kWideTiles / 32; ++u) {
+      const int f = f0 + lane + 32 * u;
+      int tz;
+      if (f < end) atomicAdd(a.tile_cursor + box_tile(b, f, a.nty, a.ntx, &tz), 1);
     }
   }
 }
@@ -373,38 +435,67 @@ __global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* 
   }
 }
 
-// Tile box of Gaussian g from its packed parameters (nx = 0 when it is not in the tile lists).
-__device__ __forceinline__ TileBox params_tile_box(const FillArgs& a, int64_t g, bool valid) {
-  TileBox b{0, 0, 0, 0, 0, 0};
-  if (!valid) return b;
-  const int4* pv = reinterpret_cast<const int4*>(a.params + g * kParamWords);
-  const int4 p3 = pv[3], p4 = pv[4];
-  if (p3.x >= kEmpty) return b;  // empty, or added by a scatter kernel
-  const int lo[3] = {p3.y, p3.w, p4.y}, hi[3] = {p3.z, p4.x, p4.z};
-  return tile_box(lo, hi, a.tile_x, a.tile_y, a.tile_z, a.tz_begin, a.tz_end);
+// Fill kernels' pass over the wide-box list: one warp per item of kWideTiles tiles (the item's tiles are
+// numbered over the whole box; those outside the launch's z-slabs [tz_begin, tz_end) are skipped), four
+// claims per lane issued before their writes.
+__device__ __forceinline__ void fill_wide_items(const FillArgs& a, const FillOp& op) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int64_t items = min(static_cast<int64_t>(*a.wide_count), a.wide_capacity);
+  for (int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; w < items; w += warps) {
+    const int64_t item = a.wide_items[w];
+    if (item < 0) continue;
+    const int64_t g = item / kMaxWideChunks;
+    const int f0 = static_cast<int>(item % kMaxWideChunks) * kWideTiles;
+    const TileBox b = params_tile_box(a, g, 0, a.ntz);
+    const int end = min(b.nx * b.ny * b.nz, f0 + kWideTiles);
+    int64_t t[kWideTiles / 32];
+    int claimed[kWideTiles / 32];
+#pragma unroll
+    for (int u = 0; u < kWideTiles / 32; ++u) {
+      const int f = f0 + lane + 32 * u;
+      t[u] = -1;
+      if (f < end) {
+        int tz;
+        const int64_t tile = box_tile(b, f, a.nty, a.ntx, &tz);
+        if (tz >= a.tz_begin && tz < a.tz_end) {
+          t[u] = tile;
+          claimed[u] = op.claim(tile);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kWideTiles / 32; ++u)
+      if (t[u] >= 0) op.write(claimed[u], t[u], g);
+  }
+}
+
+// The fill kernels' pass over the Gaussians: each lane's tile box (clipped to z-slabs [tz_begin, tz_end)), none
+// for Gaussians outside the lists or in the wide-box list.
+__device__ __forceinline__ void fill_gaussians(const FillArgs& a, const FillOp& op) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + (threadIdx.x & ~31); g0 < a.n; g0 += stride) {
+    const int64_t g = g0 + (threadIdx.x & 31);
+    TileBox b{0, 0, 0, 0, 0, 0};
+    if (g < a.n && !(__float_as_int(a.params[g * kParamWords + 19]) & kWideFlag))
+      b = params_tile_box(a, g, a.tz_begin, a.tz_end);
+    warp_tiles(b, g, a.nty, a.ntx, op);
+  }
 }
 
 // v1: the tiles of z-slabs [tz_begin, tz_end), whose entries start at list position base.
 __global__ void fill_kernel(const FillArgs a) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + (threadIdx.x & ~31); g0 < a.n; g0 += stride) {
-    const int64_t g = g0 + (threadIdx.x & 31);
-    const TileBox b = params_tile_box(a, g, g < a.n);
-    FillOp op{a.tile_cursor, a.tile_end, a.list, a.base, INT64_MAX};
-    warp_tiles(b, g, a.nty, a.ntx, op);
-  }
+  const FillOp op{a.tile_cursor, a.tile_end, a.list, a.base, INT64_MAX};
+  fill_gaussians(a, op);
+  fill_wide_items(a, op);
 }
 
 // v2: one list for every tile, of fixed capacity (no host read of the sizes); entries past the
 // capacity are dropped and their tiles scan every Gaussian instead (fast_kernel_v2)
 __global__ void fill_bounded_kernel(const FillArgs a, int64_t capacity) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + (threadIdx.x & ~31); g0 < a.n; g0 += stride) {
-    const int64_t g = g0 + (threadIdx.x & 31);
-    const TileBox b = params_tile_box(a, g, g < a.n);
-    FillOp op{a.tile_cursor, a.tile_end, a.list, 0, capacity};
-    warp_tiles(b, g, a.nty, a.ntx, op);
-  }
+  const FillOp op{a.tile_cursor, a.tile_end, a.list, 0, capacity};
+  fill_gaussians(a, op);
+  fill_wide_items(a, op);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,7 +548,7 @@ __device__ __forceinline__ void process_precise(const float4* s, const FastArgs&
   const float4 p0 = s[0], p3 = s[3], p4 = s[4];
   const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
   const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
-  const double* d = a.precise + static_cast<int64_t>(__float_as_int(p4.w)) * kPreciseWords;
+  const double* d = a.precise + static_cast<int64_t>(__float_as_int(p4.w) & ~kWideFlag) * kPreciseWords;
   const double l11 = d[0], l12 = d[1], l22 = d[2], g1 = d[3], g2 = d[4], A = d[5], log2o = d[6];
   const double dx = static_cast<double>(xi) - p0.x, dy = static_cast<double>(yj) - p0.y;
   const double muz = p0.z;
@@ -1066,8 +1157,18 @@ cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, const SplitP
   return cudaGetLastError();
 }
 
+// fill kernels: at least four blocks per SM, for the wide-box items
+static int fill_blocks(int64_t n) { return std::max(blocks_for(n, 256), multiprocessors() * 4); }
+
+cudaError_t launch_count_wide(const FillArgs& a, cudaStream_t stream) {
+  if (a.wide_items == nullptr || a.wide_count == nullptr) return cudaErrorInvalidValue;
+  count_wide_kernel<<<multiprocessors() * 4, 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_fill(const FillArgs& a, cudaStream_t stream) {
-  fill_kernel<<<blocks_for(a.n, 256), 256, 0, stream>>>(a);
+  if (a.wide_items == nullptr || a.wide_count == nullptr) return cudaErrorInvalidValue;
+  fill_kernel<<<fill_blocks(a.n), 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -1092,7 +1193,8 @@ cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles
 }
 
 cudaError_t launch_fill_bounded(const FillArgs& a, int64_t capacity, cudaStream_t stream) {
-  fill_bounded_kernel<<<blocks_for(a.n, 256), 256, 0, stream>>>(a, capacity);
+  if (a.wide_items == nullptr || a.wide_count == nullptr) return cudaErrorInvalidValue;
+  fill_bounded_kernel<<<fill_blocks(a.n), 256, 0, stream>>>(a, capacity);
   return cudaGetLastError();
 }
 

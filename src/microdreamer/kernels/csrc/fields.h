@@ -17,7 +17,8 @@ namespace microdreamer {
 //   [12]    class (int): kRecur, kDirect, kPrecise, kEmpty, kScatter
 //   [13..18] voxel index ranges lo_x, hi_x, lo_y, hi_y, lo_z, hi_z (int; exact: the cutoff box,
 //            upstream: the union of the blocks whose grown box holds the centre)
-//   [19]    spare
+//   [19]    the Gaussian's index (for the float64 table), bit 31 set when its tiles are binned through the
+//           wide-box list
 constexpr int kParamWords = 20;
 // Double-precision coefficients for the kPrecise class: l11, l12, l22, g1, g2, A, log2(opacity), spare.
 constexpr int kPreciseWords = 8;
@@ -55,6 +56,11 @@ struct SetupArgs {
   unsigned long long* precise_count;  // scatter_precise: items appended so far (zeroed before the launch)
   int64_t* precise_items;             // [precise_capacity] out: the float64 scatter's work items; -1: unused
   int64_t precise_capacity;           // a Gaussian whose items do not all fit stays kPrecise (tiled)
+  // binning: tile boxes of more than 128 tiles are listed as work items of 128 tiles (counted by
+  // launch_count_wide, listed by the fill kernels); a Gaussian whose items do not fit is binned by its warp
+  unsigned long long* wide_count;     // items appended so far (zeroed before the launch)
+  int64_t* wide_items;                // [wide_capacity] out; -1: unused
+  int64_t wide_capacity;
   // binning (tile_counts == nullptr: no binning, e.g. for the naive kernel)
   int tile_x, tile_y, tile_z;     // tile size in voxels
   int ntx, nty, ntz;              // tiles per axis
@@ -72,6 +78,9 @@ struct FillArgs {
   const int64_t* tile_end;        // [tiles] inclusive prefix sums of the counts
   int64_t base;                   // list position of the first entry of tile (0, 0, tz_begin)
   int* list;                      // [entries of this chunk] Gaussian indices
+  const unsigned long long* wide_count;  // the wide-box list written by the setup kernel
+  const int64_t* wide_items;
+  int64_t wide_capacity;
 };
 
 // Variant 2 with splits: the scan kernel lists the split kernel's (tile, slice) work items.
@@ -122,6 +131,8 @@ cudaError_t launch_setup(const SetupArgs& a, cudaStream_t stream);
 // Inclusive prefix sums of m int counts into int64 (one block; replaces a cumsum and its dtype copy), and
 // the split kernel's work items when plan.work is set.
 cudaError_t launch_scan(const int* counts, int64_t* out, int64_t m, const SplitPlan& plan, cudaStream_t stream);
+// Adds the wide-box list's tiles to the tile counts (a.tile_cursor: the counts), after launch_setup.
+cudaError_t launch_count_wide(const FillArgs& a, cudaStream_t stream);
 cudaError_t launch_fill(const FillArgs& a, cudaStream_t stream);
 // chunks: 8-voxel chunks per thread along z (tile_z = 8 * chunks); supported: 1, 2, 4.
 cudaError_t launch_fast(const FastArgs& a, bool exact, int chunks, int num_tiles, cudaStream_t stream);
