@@ -121,7 +121,8 @@ constexpr int kWideFlag = static_cast<int>(0x80000000u);
 // kCoopTiles tiles by their own lane, larger ones by all 32 lanes together (four tiles per lane at a time,
 // their claims issued before their writes). One wide Gaussian used to hold its thread for thousands of
 // dependent atomics (supersplat_fruit at 512^3: one box of 14400 tiles, a 4.4 ms fill kernel) while the
-// rest of the grid had finished. Every lane of the warp must call this (boxes may be empty: nx = 0).
+// rest of the grid had finished; boxes of more than kWideTiles tiles normally come through the wide-box list
+// instead (fill_wide_items). Every lane of the warp must call this (boxes may be empty: nx = 0).
 template <typename Op>
 __device__ __forceinline__ void warp_tiles(const TileBox& b, int64_t g, int nty, int ntx, Op& op) {
   const int lane = threadIdx.x & 31;
