@@ -26,7 +26,11 @@ Implementations of :func:`extract_fields` (``impl=``):
   them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics.
   With ``scatter_precise`` (exact mode), the Gaussians too thin for the float32 column form (the float64
   class) are added the same way in float64, instead of by the tiled kernels' float64 path over their
-  boxes (thin discs have boxes far larger than their cutoff ellipsoids).
+  boxes (thin discs have boxes far larger than their cutoff ellipsoids); its work is one warp per 256
+  columns of a box, listed by the setup kernel (``max_precise_items``).
+  Binning never leaves one wide Gaussian to one thread: boxes of more than 16 tiles are counted and listed
+  by their whole warp, boxes of more than 128 tiles through a list of 128-tile items that warps all over
+  the GPU take (``max_wide_items``).
   Variant 2 can also give a tile several blocks (``splits``): a tile list longer than
   ``split_min_entries`` is cut into up to ``splits`` slices, each evaluated by its own block and added
   into the (zeroed) grid with atomics, so that a few tiles with long lists (wide Gaussians on a coarse
