@@ -122,7 +122,7 @@ constexpr int kWideFlag = static_cast<int>(0x80000000u);
 // their claims issued before their writes). One wide Gaussian used to hold its thread for thousands of
 // dependent atomics (supersplat_fruit at 512^3: one box of 14400 tiles, a 4.4 ms fill kernel) while the
 // rest of the grid had finished; boxes of more than kWideTiles tiles normally come through the wide-box list
-// instead (fill_wide_items). Every lane of the warp must call this (boxes may be empty: nx = 0).
+// instead (wide_items). Every lane of the warp must call this (boxes may be empty: nx = 0).
 template <typename Op>
 __device__ __forceinline__ void warp_tiles(const TileBox& b, int64_t g, int nty, int ntx, Op& op) {
   const int lane = threadIdx.x & 31;
@@ -359,28 +359,6 @@ __global__ void setup_kernel(const SetupArgs a) {
   }
 }
 
-// Counts the tiles of the wide-box list's items (after setup_kernel): one warp per item of kWideTiles tiles,
-// four per lane. a.tile_cursor is the tile counts here.
-__global__ void __launch_bounds__(256) count_wide_kernel(const FillArgs a) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  const int64_t items = min(static_cast<int64_t>(*a.wide_count), a.wide_capacity);
-  for (int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; w < items; w += warps) {
-    const int64_t item = a.wide_items[w];
-    if (item < 0) continue;
-    const int64_t g = item / kMaxWideChunks;
-    const int f0 = static_cast<int>(item % kMaxWideChunks) * kWideTiles;
-    const TileBox b = params_tile_box(a, g, 0, a.ntz);
-    const int end = min(b.nx * b.ny * b.nz, f0 + kWideTiles);
-#pragma unroll
-    for (int u = 0; u < kWideTiles / 32; ++u) {
-      const int f = f0 + lane + 32 * u;
-      int tz;
-      if (f < end) atomicAdd(a.tile_cursor + box_tile(b, f, a.nty, a.ntx, &tz), 1);
-    }
-  }
-}
-
 // In-place inclusive scan of s_sum[0 .. 1024) by a block of 1024 threads (ends with a barrier).
 __device__ __forceinline__ void block_scan_1024(int64_t* s_sum) {
   __syncthreads();
@@ -436,10 +414,11 @@ __global__ void __launch_bounds__(1024) scan_kernel(const int* counts, int64_t* 
   }
 }
 
-// Fill kernels' pass over the wide-box list: one warp per item of kWideTiles tiles (the item's tiles are
-// numbered over the whole box; those outside the launch's z-slabs [tz_begin, tz_end) are skipped), four
-// claims per lane issued before their writes.
-__device__ __forceinline__ void fill_wide_items(const FillArgs& a, const FillOp& op) {
+// The wide-box list's items, one warp per item of kWideTiles tiles (the item's tiles are numbered over the
+// whole box; those outside the launch's z-slabs [tz_begin, tz_end) are skipped), four op.claim() per lane
+// issued before their op.write(): counted (CountOp) or listed (FillOp).
+template <typename Op>
+__device__ __forceinline__ void wide_items(const FillArgs& a, const Op& op) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t items = min(static_cast<int64_t>(*a.wide_count), a.wide_capacity);
@@ -471,6 +450,12 @@ __device__ __forceinline__ void fill_wide_items(const FillArgs& a, const FillOp&
   }
 }
 
+// Counts the wide-box list's tiles (after setup_kernel, before the scan); a.tile_cursor is the tile counts here.
+__global__ void __launch_bounds__(256) count_wide_kernel(const FillArgs a) {
+  const CountOp op{a.tile_cursor};
+  wide_items(a, op);
+}
+
 // The fill kernels' pass over the Gaussians: each lane's tile box (clipped to z-slabs [tz_begin, tz_end)), none
 // for Gaussians outside the lists or in the wide-box list.
 __device__ __forceinline__ void fill_gaussians(const FillArgs& a, const FillOp& op) {
@@ -488,7 +473,7 @@ __device__ __forceinline__ void fill_gaussians(const FillArgs& a, const FillOp& 
 __global__ void fill_kernel(const FillArgs a) {
   const FillOp op{a.tile_cursor, a.tile_end, a.list, a.base, INT64_MAX};
   fill_gaussians(a, op);
-  fill_wide_items(a, op);
+  wide_items(a, op);
 }
 
 // v2: one list for every tile, of fixed capacity (no host read of the sizes); entries past the
@@ -496,7 +481,7 @@ __global__ void fill_kernel(const FillArgs a) {
 __global__ void fill_bounded_kernel(const FillArgs a, int64_t capacity) {
   const FillOp op{a.tile_cursor, a.tile_end, a.list, 0, capacity};
   fill_gaussians(a, op);
-  fill_wide_items(a, op);
+  wide_items(a, op);
 }
 
 // ---------------------------------------------------------------------------------------------
