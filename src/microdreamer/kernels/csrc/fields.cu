@@ -970,6 +970,43 @@ __global__ void __launch_bounds__(256) naive_kernel(const NaiveArgs a) {
 // ---------------------------------------------------------------------------------------------
 
 
+// Adds term(axis[k]) for k in [k0, k1] to the column col with global atomics, zero terms skipped: over the
+// aligned runs of four voxels with one vector atomic each when vec4 (R % 4 == 0, col and axis 16-byte
+// aligned; a run may reach past [k0, k1], whose voxels the caller's term gives 0: outside the cutoff), else
+// voxel by voxel.
+template <typename Term>
+__device__ __forceinline__ void add_column_terms(float* col, const float* axis, bool vec4, int k0, int k1,
+                                                 const Term& term) {
+  if (vec4) {
+    for (int kq = k0 & ~3; kq <= k1; kq += 4) {
+      const float4 zq = *reinterpret_cast<const float4*>(axis + kq);
+      const float v[4] = {term(zq.x), term(zq.y), term(zq.z), term(zq.w)};
+      if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
+    }
+  } else {
+    for (int k = k0; k <= k1; ++k) {
+      const float v = term(axis[k]);
+      if (v != 0.f) atomicAdd(col + k, v);
+    }
+  }
+}
+
+// Column c of a box whose columns are numbered x-major, ny per x: (lox + c / ny, loy + c % ny), the quotient
+// from a float reciprocal rny = 1 / ny and one correction step (exact: c < R^2 <= 2^24).
+__device__ __forceinline__ void box_column(int c, int ny, float rny, int lox, int loy, int* i, int* j) {
+  int di = static_cast<int>((static_cast<float>(c) + 0.5f) * rny);
+  int dj = c - di * ny;
+  if (dj < 0) {
+    --di;
+    dj += ny;
+  } else if (dj >= ny) {
+    ++di;
+    dj -= ny;
+  }
+  *i = lox + di;
+  *j = loy + dj;
+}
+
 __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -991,17 +1028,8 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
     const float lcut = fmaf(-kK, cut, log2o);
     const float rny = 1.f / static_cast<float>(ny);
     for (int c = lane; c < cols; c += 32) {
-      // c / ny and c % ny: a float reciprocal, then one correction step (exact: cols <= R^2 <= 2^24)
-      int di = static_cast<int>((static_cast<float>(c) + 0.5f) * rny);
-      int dj = c - di * ny;
-      if (dj < 0) {
-        --di;
-        dj += ny;
-      } else if (dj >= ny) {
-        ++di;
-        dj -= ny;
-      }
-      const int i = lox + di, j = loy + dj;
+      int i, j;
+      box_column(c, ny, rny, lox, loy, &i, &j);
       const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
       const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
       const float q2 = fmaf(u1, u1, u2 * u2);
@@ -1012,27 +1040,12 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
       const float zc = p0.z + m;
       const int k0 = max(loz, static_cast<int>(floorf((zc - half + 1.f) * inv_h)) - 1);
       const int k1 = min(hiz, static_cast<int>(ceilf((zc + half + 1.f) * inv_h)) + 1);
-      float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
-      if (a.vec4) {
-        for (int kq = k0 & ~3; kq <= k1; kq += 4) {
-          const float4 zq = *reinterpret_cast<const float4*>(a.axis + kq);  // vec4: axis 16-byte aligned
-          const float zz[4] = {zq.x, zq.y, zq.z, zq.w};
-          float v[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float t = (zz[e] - p0.z) - m;
-            const float x = fmaf(nka * t, t, lc);
-            v[e] = x >= lcut ? ex2(x) : 0.f;
-          }
-          if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
-        }
-      } else {
-        for (int k = k0; k <= k1; ++k) {
-          const float t = (a.axis[k] - p0.z) - m;
-          const float x = fmaf(nka * t, t, lc);
-          if (x >= lcut) atomicAdd(col + k, ex2(x));
-        }
-      }
+      const float muz = p0.z;
+      add_column_terms(a.out + (static_cast<int64_t>(i) * r + j) * r, a.axis, a.vec4, k0, k1, [&](float z) {
+        const float t = (z - muz) - m;
+        const float x = fmaf(nka * t, t, lc);
+        return x >= lcut ? ex2(x) : 0.f;
+      });
     }
   }
 }
@@ -1066,17 +1079,8 @@ __global__ void __launch_bounds__(256) precise_scatter_kernel(const ScatterArgs 
     const int cols = min((hix - lox + 1) * ny, (slice + 1) * kPreciseSliceColumns);
     const float rny = 1.f / static_cast<float>(ny);
     for (int c = slice * kPreciseSliceColumns + lane; c < cols; c += 32) {
-      // c / ny and c % ny: a float reciprocal, then one correction step (exact: cols <= R^2 <= 2^24)
-      int di = static_cast<int>((static_cast<float>(c) + 0.5f) * rny);
-      int dj = c - di * ny;
-      if (dj < 0) {
-        --di;
-        dj += ny;
-      } else if (dj >= ny) {
-        ++di;
-        dj -= ny;
-      }
-      const int i = lox + di, j = loy + dj;
+      int i, j;
+      box_column(c, ny, rny, lox, loy, &i, &j);
       const double dx = static_cast<double>(a.axis[i]) - mux, dy = static_cast<double>(a.axis[j]) - muy;
       const double u1 = fma(l11, dx, l12 * dy), u2 = l22 * dy;
       const double q2 = fma(u1, u1, u2 * u2);
@@ -1087,27 +1091,11 @@ __global__ void __launch_bounds__(256) precise_scatter_kernel(const ScatterArgs 
       const double f0 = floor((zc - half + 1.0) * inv_h) - 1.0, f1 = ceil((zc + half + 1.0) * inv_h) + 1.0;
       const int k0 = static_cast<int>(fmax(f0, static_cast<double>(loz)));
       const int k1 = static_cast<int>(fmin(f1, static_cast<double>(hiz)));
-      float* col = a.out + (static_cast<int64_t>(i) * r + j) * r;
-      if (a.vec4) {
-        for (int kq = k0 & ~3; kq <= k1; kq += 4) {
-          const float4 zq = *reinterpret_cast<const float4*>(a.axis + kq);  // vec4: axis 16-byte aligned
-          const float zz[4] = {zq.x, zq.y, zq.z, zq.w};
-          float v[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const double t = (static_cast<double>(zz[e]) - muz) - m;
-            const double q = fma(A * t, t, q2);
-            v[e] = q <= cut ? ex2(static_cast<float>(fma(-kKd, q, log2o))) : 0.f;
-          }
-          if (v[0] != 0.f || v[1] != 0.f || v[2] != 0.f || v[3] != 0.f) red_add_v4(col + kq, v[0], v[1], v[2], v[3]);
-        }
-      } else {
-        for (int k = k0; k <= k1; ++k) {
-          const double t = (static_cast<double>(a.axis[k]) - muz) - m;
-          const double q = fma(A * t, t, q2);
-          if (q <= cut) atomicAdd(col + k, ex2(static_cast<float>(fma(-kKd, q, log2o))));
-        }
-      }
+      add_column_terms(a.out + (static_cast<int64_t>(i) * r + j) * r, a.axis, a.vec4, k0, k1, [&](float z) {
+        const double t = (static_cast<double>(z) - muz) - m;
+        const double q = fma(A * t, t, q2);
+        return q <= cut ? ex2(static_cast<float>(fma(-kKd, q, log2o))) : 0.f;
+      });
     }
   }
 }
