@@ -376,6 +376,16 @@ def must_show(rows: list[dict]) -> dict:
     return out
 
 
+def flag(text: str) -> bool:
+    """'0' or '1' -> bool."""
+    return bool(int(text))
+
+
+def option_values(text: str, cast) -> tuple:
+    """A comma-separated option: each value cast, 'default' -> None (the kernel's default)."""
+    return tuple(None if x == "default" else cast(x) for x in text.split(","))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/fields_h200.json")
@@ -422,11 +432,9 @@ def main() -> None:
     partial.parent.mkdir(parents=True, exist_ok=True)
     modes = tuple(args.modes.split(","))
     variants = tuple(int(v) for v in args.variants.split(","))
-    scatters = tuple(None if x == "default" else int(x) for x in args.scatter.split(","))
-    splits = tuple(None if x == "default" else int(x) for x in args.splits.split(","))
+    scatters, splits = option_values(args.scatter, int), option_values(args.splits, int)
     chunk_set = tuple(int(x) for x in args.chunks.split(","))
-    sized = tuple(None if x == "default" else bool(int(x)) for x in args.sized.split(","))
-    precise = tuple(None if x == "default" else bool(int(x)) for x in args.precise.split(","))
+    sized, precise = option_values(args.sized, flag), option_values(args.precise, flag)
     if args.cases:
         cases = [("synthetic", int(c.split("x")[0]), int(c.split("x")[1])) for c in args.cases.split(",")]
     else:
