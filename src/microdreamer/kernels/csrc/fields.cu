@@ -39,12 +39,6 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-__device__ __forceinline__ float rsqrt_ftz(float x) {
-  float y;
-  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // ---------------------------------------------------------------------------------------------
 // setup: one thread per Gaussian; binning (tile counts and lists) shared by the warp for wide boxes
 // ---------------------------------------------------------------------------------------------
@@ -572,23 +566,11 @@ __device__ __forceinline__ void process_precise(const float4* s, const FastArgs&
   }
 }
 
-// Exact mode, float32 classes: the 8-voxel chunks [*lo, *hi] of the warp's footprint that the cutoff
-// interval of some lane's column reaches. The lane's interval along z is |z - zc| <= sqrt((cutoff - Q2) / A),
-// here with 1e-3 relative slack in q and a voxel on each side (z0: the footprint's first z, inv_h: voxels per
-// unit of z), so that no voxel whose term passes the exact test is left out; one warp reduction instead of a
-// test and a vote per chunk (those were ~40 % of the warp's instructions per Gaussian at 512^3).
-__device__ __forceinline__ void chunk_range(float zc, float q2, float A, float z0, float inv_h, float cutoff_sq,
-                                            int* lo, int* hi) {
-  const float rem = fmaf(cutoff_sq, 1.001f, 1e-3f) - q2;
-  int clo = 1 << 20, chi = -(1 << 20);
-  if (rem > 0.f) {
-    const float w = fmaf(rem * rsqrt_ftz(rem * A), inv_h, 1.f);  // half-width in voxels, plus one
-    const float f = (zc - z0) * inv_h;
-    clo = __float2int_rd(f - w) >> 3;  // saturates for far-away or infinite ends: still conservative
-    chi = __float2int_rd(f + w) >> 3;
-  }
-  *lo = __reduce_min_sync(kFull, clo);
-  *hi = __reduce_max_sync(kFull, chi);
+// Exact mode, float32 classes: does a chunk whose z - zc spans [t0, t7] in the lane's column reach the
+// cutoff in some lane of the warp? q at the z nearest to the column's centre, 1e-4 relative slack.
+__device__ __forceinline__ bool chunk_reached(float t0, float t7, float A, float q2, float cutoff_sq) {
+  const float tc = fmaxf(t0, fminf(t7, 0.f));
+  return __any_sync(kFull, fmaf(A * tc, tc, q2) <= cutoff_sq * 1.0001f);
 }
 
 template <int NCH, bool EXACT>
@@ -610,31 +592,34 @@ __device__ __forceinline__ void process(const float4* s, const FastArgs& a, int 
   const float m = fmaf(g1, dx, g2 * dy);
   const float nka = -kK * A;
   const float lc = fmaf(-kK, q2, log2o);  // log2 of the column's peak value
-  if (EXACT) {
-    int c_lo, c_hi;
-    chunk_range(muz + m, q2, A, zk[0], 0.5f * static_cast<float>(a.resolution - 1), a.cutoff_sq, &c_lo, &c_hi);
-    if (cls == kRecur) {
-      // along z the value is a Gaussian in k: v_{k+1} = v_k r_k, r_{k+1} = r_k gfac; anchored with two
-      // exponentials at each 8-voxel chunk
+  if (EXACT && cls == kRecur) {
+    // along z the value is a Gaussian in k: v_{k+1} = v_k r_k, r_{k+1} = r_k gfac; anchored with two
+    // exponentials at each 8-voxel chunk
 #pragma unroll
-      for (int c = 0; c < NCH; ++c) {
-        if (c < c_lo || c > c_hi) continue;
-        const float t0 = (zk[8 * c] - muz) - m, hc = zk[8 * c + 1] - zk[8 * c];
-        float v = ex2(fmaf(nka * t0, t0, lc));
-        float r = ex2(fminf(nka * hc * fmaf(2.f, t0, hc), 64.f));
+    for (int c = 0; c < NCH; ++c) {
+      const int kc = k0 + 8 * c;
+      if (kc > hiz || kc + 7 < loz) continue;
+      const float t0 = (zk[8 * c] - muz) - m, t7 = (zk[8 * c + 7] - muz) - m;
+      if (!chunk_reached(t0, t7, A, q2, a.cutoff_sq)) continue;
+      float v = ex2(fmaf(nka * t0, t0, lc));
+      float r = ex2(fminf(nka * h1[c] * fmaf(2.f, t0, h1[c]), 64.f));
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          if (v >= thr) acc[8 * c + jj] += v;
-          v *= r;
-          r *= gfac;
-        }
+      for (int jj = 0; jj < 8; ++jj) {
+        if (v >= thr) acc[8 * c + jj] += v;
+        v *= r;
+        r *= gfac;
       }
-      return;
     }
+    return;
+  }
+  if (EXACT) {
     const float lcut = fmaf(-kK, a.cutoff_sq, log2o);
 #pragma unroll
     for (int c = 0; c < NCH; ++c) {
-      if (c < c_lo || c > c_hi) continue;
+      const int kc = k0 + 8 * c;
+      if (kc > hiz || kc + 7 < loz) continue;
+      const float t0 = (zk[8 * c] - muz) - m, t7 = (zk[8 * c + 7] - muz) - m;
+      if (!chunk_reached(t0, t7, A, q2, a.cutoff_sq)) continue;
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         const float t = (zk[8 * c + jj] - muz) - m;
