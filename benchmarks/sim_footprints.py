@@ -58,21 +58,21 @@ def main() -> None:
         khi = np.minimum(np.floor((zc + half + 1) / h + 1e-9), hi[g, 2]).astype(int)
         ok = inside & (khi >= klo)
         pairs += int(np.where(ok, khi - klo + 1, 0).sum())
-        gx, gy = xs[:, None] + 0 * ys[None, :], ys[None, :] + 0 * xs[:, None]
+        gx, gy = np.meshgrid(xs, ys, indexing="ij")
         for fx, fy, tz in SHAPES:
-            # footprints (fx-aligned in x, fy in y, tz in z) that meet the box
-            fxi, fyi = gx // fx, gy // fy
-            for kz in range(lo[g, 2] // tz, hi[g, 2] // tz + 1):
+            # footprints (fx-aligned in x, fy in y, tz in z) that meet the box; the same xy footprints are
+            # visited in every z slab of the box
+            key = (gx // fx) * 100_003 + gy // fy
+            slabs = range(lo[g, 2] // tz, hi[g, 2] // tz + 1)
+            visits[(fx, fy, tz)] += len(np.unique(key[inside])) * len(slabs)
+            for kz in slabs:
                 z0 = kz * tz
                 # per column: its interval's chunk range within [z0, z0 + tz)
                 c_lo = np.clip((klo - z0) // 8, 0, tz // 8)
                 c_hi = np.clip((khi - z0) // 8, -1, tz // 8 - 1)
                 hit = ok & (khi >= z0) & (klo < z0 + tz) & (c_hi >= c_lo)
-                key = (fxi * 100_003 + fyi)[inside]
-                nvis = len(np.unique(key))
-                visits[(fx, fy, tz)] += nvis
                 if hit.any():
-                    keys = (fxi * 100_003 + fyi)[hit]
+                    keys = key[hit]
                     lo_c, hi_c = c_lo[hit], c_hi[hit]
                     # chunks reached by some column of each footprint: union of the columns' chunk ranges
                     reached = set()
