@@ -11,7 +11,7 @@ from microdreamer.field import FieldConfig, density_field, prepare_gaussians
 from microdreamer.field.reference import density_field_reference
 from microdreamer.field.reference import gaussian_3d_coeff as coeff_reference
 from microdreamer.field.torch_impl import density_field_torch
-from microdreamer.splat import Splat, read_ply
+from microdreamer.splat import read_ply
 from microdreamer.synthetic import make_random_splat, make_synthetic_object
 
 cuda = pytest.mark.cuda
@@ -424,48 +424,6 @@ def test_scatter_kernel_agrees_with_the_tiles(r):
 
 
 @cuda
-@pytest.mark.parametrize("r", [64, 66, 200])
-def test_window_scatter_agrees_with_the_scatter_kernel(r):
-    # R = 64: vector atomics; 66: scalar ones; 200: cells cut by the grid's end. Items of 1, 7, 32 and 256
-    # Gaussians (one block per item, a cell's list split into parts); the window path and the scatter kernel
-    # differ by rounding only (each window term rounded once to ~1e-8 in fixed point)
-    splat = make_synthetic_object(20_000, seed=r, scale_fraction=0.01)
-    cfg = FieldConfig(resolution=r, mode="exact")
-    prepared, grid = prepare_gaussians(splat, cfg)
-    scattered = run_kernel(prepared, grid, cfg, "fast", window_items=0)
-    ref = density_field_torch(prepared.to("cuda"), grid, cfg)
-    assert rel_err(scattered, ref) <= FIELD_REL_TOL
-    for items in (1, 7, 32, 256):
-        for variant in (1, 2):
-            out = run_kernel(prepared, grid, cfg, "fast", variant=variant, window_items=items)
-            assert rel_err(out, ref) <= FIELD_REL_TOL
-            assert rel_err(out, scattered) <= 2e-6
-
-
-@cuda
-@pytest.mark.parametrize("opacity", [0.03, 1.0])
-def test_window_cells_past_their_capacity_fall_back_to_the_scatter_kernel(opacity):
-    # 3000 small Gaussians around one point: a few cells get far more than their 256 list places (the rest go
-    # to the scatter kernel) and their windows sum thousands of terms per voxel (fixed-point range); some
-    # boxes are cut by the grid's edge (centres near a corner)
-    g = torch.Generator().manual_seed(5)
-    n = 3000
-    means = torch.tensor([0.93, -0.93, 0.9]) + 0.04 * torch.randn(n, 3, generator=g)
-    scales = 0.004 + 0.004 * torch.rand(n, 3, generator=g)
-    quats = torch.randn(n, 4, generator=g)
-
-    splat = Splat.from_activated(
-        means, scales, quats, torch.full((n,), opacity), torch.rand(n, 3, generator=g)
-    )
-    cfg = FieldConfig(resolution=96, mode="exact")
-    prepared, grid = prepare_gaussians(splat, cfg)
-    ref = density_field_reference(prepared, grid, cfg)
-    for items in (0, 5, 256):
-        out = run_kernel(prepared, grid, cfg, "fast", window_items=items)
-        assert_field_matches(out, ref)
-
-
-@cuda
 def test_scatter_options_must_be_non_negative():
     from microdreamer.kernels import extract_fields
 
@@ -476,9 +434,6 @@ def test_scatter_options_must_be_non_negative():
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), max_precise_items=-1)
     with pytest.raises(ValueError, match="max_wide_items"):
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), max_wide_items=-1)
-    for bad in (-1, 257):
-        with pytest.raises(ValueError, match="window_items"):
-            extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), window_items=bad)
 
 
 @cuda

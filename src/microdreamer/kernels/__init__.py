@@ -24,10 +24,6 @@ Implementations of :func:`extract_fields` (``impl=``):
   In exact mode, Gaussians whose cutoff box holds at most ``scatter_voxels`` voxels (small ones, which
   fill the warp footprints poorly) stay out of the lists: after the tiled kernel, a scatter kernel adds
   them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics.
-  Before it, on grids up to 256^3, a window kernel takes those of them that fit the window of their 8^3-voxel
-  cell (``window_items``): a block sums a cell's Gaussians in shared memory with 32-bit integer atomics
-  (fixed point, exact and independent of order), then adds each non-zero run of four voxels to the grid with
-  one atomic, instead of one per run per Gaussian.
   With ``scatter_precise`` (exact mode), the Gaussians too thin for the float32 column form (the float64
   class) are added the same way in float64, instead of by the tiled kernels' float64 path over their
   boxes (thin discs have boxes far larger than their cutoff ellipsoids); its work is one warp per 256
@@ -64,7 +60,6 @@ __all__ = [
     "default_splits",
     "default_sized_list",
     "default_scatter_precise",
-    "default_window_items",
 ]
 
 IMPLS = ("fast", "naive")
@@ -144,14 +139,6 @@ def default_scatter_precise(config: FieldConfig) -> bool:
     return config.mode == "exact"
 
 
-def default_window_items(config: FieldConfig) -> int:
-    """fast, exact mode: Gaussians per work item of the window scatter (0: off). The scatter kernel's Gaussians
-    whose box fits an 8^3-voxel cell grown by 6 voxels along x, y and 8 along z (R <= 256) are summed per cell in
-    shared memory and added to the grid once per run of four voxels; a cell's list is cut into items of this many
-    Gaussians, each item one block."""
-    return 32 if config.mode == "exact" else 0
-
-
 def _axis_table(r: int, length: int, device: torch.device) -> torch.Tensor:
     """[length] float32 grid coordinates -1 + 2 k / (R - 1): ``GridSpec.axis`` extended past R - 1."""
     key = ("axis", r, length, str(device))
@@ -188,7 +175,6 @@ def extract_fields(
     scatter_precise: bool | None = None,
     max_precise_items: int | None = None,
     max_wide_items: int | None = None,
-    window_items: int | None = None,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -222,9 +208,6 @@ def extract_fields(
         max_wide_items: fast: capacity of the wide-box list (tile boxes of more than 128 tiles, one item per 128
             tiles, binned by warps all over the GPU); the Gaussians whose items do not fit are binned by their
             own warp. Default ``WIDE_ITEMS_PER_GAUSSIAN`` x N + 65536.
-        window_items: fast, exact mode: Gaussians per work item of the window scatter, which takes the scatter
-            kernel's Gaussians that fit their cell's window (grids up to 256^3), in [0, 256] (0: off); default
-            :func:`default_window_items`.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -254,10 +237,6 @@ def extract_fields(
     for name, value in (("max_precise_items", max_precise_items), ("max_wide_items", max_wide_items)):
         if value is not None and value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
-    if window_items is None:
-        window_items = default_window_items(config)
-    if not 0 <= window_items <= 256:
-        raise ValueError(f"window_items must be in [0, 256], got {window_items}")
     if splits is None:
         splits = default_splits(config, chunks)
     if sized_list is None:
@@ -285,7 +264,6 @@ def extract_fields(
         bool(default_scatter_precise(config) if scatter_precise is None else scatter_precise),
         int(PRECISE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_precise_items is None else max_precise_items),
         int(WIDE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_wide_items is None else max_wide_items),
-        int(window_items),
     )  # fmt: skip
 
 

@@ -55,7 +55,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           int64_t chunks, int64_t max_list_entries, int64_t variant, int64_t list_capacity,
                           int64_t scatter_voxels, int64_t splits, int64_t split_min, bool sized_list,
                           bool scatter_precise, int64_t precise_capacity,
-                          int64_t wide_capacity, int64_t window_items) {
+                          int64_t wide_capacity) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -81,8 +81,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
   TORCH_CHECK(precise_capacity >= 0, "precise_capacity must be >= 0, got ", precise_capacity);
   TORCH_CHECK(wide_capacity >= 0, "wide_capacity must be >= 0, got ", wide_capacity);
-  TORCH_CHECK(window_items >= 0 && window_items <= microdreamer::kWindowCellCapacity,
-              "window_items must be in [0, ", microdreamer::kWindowCellCapacity, "], got ", window_items);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
   check_tensor(axis, "axis", at::kFloat, device);
@@ -107,11 +105,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(n_tiles < (int64_t(1) << 31), "too many tiles: ", n_tiles);
   const bool scatter = fast && exact && scatter_voxels > 0;
   const bool precise_scatter = fast && exact && scatter_precise;
-  // the window scatter takes the scatter kernel's Gaussians that fit their cell's window (grids of at most
-  // kWindowMaxCells cells: R <= 256)
-  const int64_t wcells_axis = (r + microdreamer::kWindowCell - 1) / microdreamer::kWindowCell;
-  const int64_t wcells = wcells_axis * wcells_axis * wcells_axis;
-  const bool window = scatter && window_items > 0 && wcells <= microdreamer::kWindowMaxCells;
   // variant 2 with splits: the scan kernel lists the (tile, slice) work items
   const bool split = fast && variant == 2 && splits > 1 && n_tiles * microdreamer::kMaxSplits < (int64_t(1) << 31);
   int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
@@ -124,15 +117,12 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const int64_t o_counts = ws.add(fast ? n_tiles : 0, sizeof(int));
   const int64_t o_precise_count = ws.add(precise_scatter ? 1 : 0, sizeof(unsigned long long));
   const int64_t o_wide_count = ws.add(fast ? 1 : 0, sizeof(unsigned long long));
-  const int64_t o_window_counts = ws.add(window ? wcells + 1 : 0, sizeof(int));  // + 1: the work item count
   const int64_t zeroed_bytes = ws.bytes - o_counts;
   const int64_t o_precise_items = ws.add(precise_scatter ? precise_capacity : 0, sizeof(int64_t));
   const int64_t o_wide_items = ws.add(fast ? wide_capacity : 0, sizeof(int64_t));
   const int64_t o_counters = ws.add(2, sizeof(int));
   const int64_t o_work = ws.add(split ? n_tiles * splits : 0, sizeof(int));
   const int64_t o_list = ws.add(fast && variant >= 2 ? capacity : 0, sizeof(int));
-  const int64_t o_window_list = ws.add(window ? wcells * microdreamer::kWindowCellCapacity : 0, sizeof(int));
-  const int64_t o_window_work = ws.add(window ? wcells + n / window_items + 1 : 0, sizeof(int));
   at::Tensor workspace = at::empty({ws.bytes}, means.options().dtype(at::kByte));
   char* ws_base = reinterpret_cast<char*>(workspace.data_ptr<uint8_t>());
   float* params = reinterpret_cast<float*>(ws_base + o_params);
@@ -175,14 +165,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.wide_count = fast ? wide_count : nullptr;
   s.wide_items = fast ? wide_items : nullptr;
   s.wide_capacity = fast ? wide_capacity : 0;
-  if (window) {
-    s.window_items = static_cast<int>(window_items);
-    s.window_cells_axis = static_cast<int>(wcells_axis);
-    s.window_counts = reinterpret_cast<int*>(ws_base + o_window_counts);
-    s.window_nwork = s.window_counts + wcells;
-    s.window_list = reinterpret_cast<int*>(ws_base + o_window_list);
-    s.window_work = reinterpret_cast<int*>(ws_base + o_window_work);
-  }
   s.params = params;
   s.precise = precise;
   C10_CUDA_CHECK(microdreamer::launch_setup(s, stream));
@@ -285,23 +267,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     sa.precise_count = precise_count;
     sa.precise_items = precise_items;
     sa.precise_capacity = precise_capacity;
-    if (window) {
-      microdreamer::WindowArgs wa{};
-      wa.params = params;
-      wa.resolution = static_cast<int>(r);
-      wa.axis = sa.axis;
-      wa.cutoff_sq = sa.cutoff_sq;
-      wa.out = sa.out;
-      wa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0;
-      wa.items = static_cast<int>(window_items);
-      wa.cells_axis = static_cast<int>(wcells_axis);
-      wa.counts = s.window_counts;
-      wa.list = s.window_list;
-      wa.work = s.window_work;
-      wa.nwork = s.window_nwork;
-      C10_CUDA_CHECK(microdreamer::launch_window(wa, stream));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
     if (scatter) {
       C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
       C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -303,25 +303,6 @@ __device__ Setup setup_one(const SetupArgs& a, int64_t g) {
   return s;
 }
 
-// Window scatter binning of a kScatter Gaussian (see kWindowCell): the cell of its box's centre, and whether the
-// box fits that cell's window; if so (and the cell's list has room) it is listed there and becomes kWindow. The
-// first Gaussian of each run of window_items in a cell appends the cell's work item.
-__device__ void window_bin(const SetupArgs& a, int64_t g, Setup* s) {
-  int cell[3];
-  for (int k = 0; k < 3; ++k) {
-    cell[k] = ((s->lo[k] + s->hi[k]) >> 1) / kWindowCell;
-    const int halo = k == 2 ? kWindowHaloZ : kWindowHaloXY;
-    if (s->lo[k] < cell[k] * kWindowCell - halo || s->hi[k] > cell[k] * kWindowCell + kWindowCell - 1 + halo) return;
-  }
-  const int nc = a.window_cells_axis;
-  const int cid = (cell[0] * nc + cell[1]) * nc + cell[2];
-  const int slot = atomicAdd(a.window_counts + cid, 1);
-  if (slot >= kWindowCellCapacity) return;
-  a.window_list[static_cast<int64_t>(cid) * kWindowCellCapacity + slot] = static_cast<int>(g);
-  if (slot % a.window_items == 0) a.window_work[atomicAdd(a.window_nwork, 1)] = cid * kWindowCellCapacity + slot / a.window_items;
-  s->cls = kWindow;
-}
-
 // One thread per Gaussian, the warps' 32 Gaussians side by side (every lane runs every iteration, so that the
 // warp can share work): class, box and parameters, the float64 scatter's work items (Gaussian, slice of
 // kPreciseSliceColumns columns) appended to its list, and the tile counts.
@@ -354,7 +335,6 @@ __global__ void setup_kernel(const SetupArgs a) {
     bool wide = false;
     if (a.wide_items != nullptr)
       wide = append_items(kw, g, kMaxWideChunks, a.wide_count, a.wide_items, a.wide_capacity) && kw > 0;
-    if (valid && s.cls == kScatter && a.window_items > 0) window_bin(a, g, &s);
     if (valid) {
       // five 16-byte stores (the layout of fields.h); the float64 table only where a kernel reads it
       s.p[3] = make_float4(__int_as_float(s.cls), __int_as_float(s.lo[0]), __int_as_float(s.hi[0]),
@@ -1087,120 +1067,6 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
   }
 }
 
-// window kernel (exact mode): the kWindow Gaussians (see kWindowCell). One block per work item: its Gaussians'
-// terms are summed into a shared-memory window in fixed point, 2^sh units per unit of density, with sh chosen
-// from the sum S of the item's opacities so that every sum fits 32 bits (each term is at most its opacity:
-// sums <= S 2^sh (1 + 2^-21) + n / 2 < 2^32 for S 2^sh <= 2^31); integer atomics are native on shared memory
-// (float ones are compare-and-swap loops) and exact, so the window's sums do not depend on their order. Each
-// term is rounded once, to 2^-sh (~1e-8 for an item of ~30 Gaussians). Within the window, each warp takes one
-// Gaussian at a time with scatter_kernel's layout (a lane per column of its box, every voxel tested against
-// the cutoff), its lanes stepping through z together (the warp's span of their cutoff intervals): the window
-// is stored z-major, so a warp's 32 atomics fall on neighbouring columns of one z plane, on different banks.
-// Then the block adds the window's non-zero runs of four voxels to the grid, one vector atomic each: a run
-// gathers the terms of all the item's Gaussians, where scatter_kernel adds one atomic per run per Gaussian.
-constexpr int kWinXY = kWindowCell + 2 * kWindowHaloXY;  // 20
-constexpr int kWinZ = kWindowCell + 2 * kWindowHaloZ;    // 24: runs of four stay aligned to the grid's
-constexpr int kWinYP = kWinXY + 1;                       // row stride (padding: rows start on other banks)
-constexpr int kWinPlane = kWinXY * kWinYP;               // words per z plane
-constexpr int kWinWords = kWinZ * kWinPlane;             // 10080 words, 40 kB
-
-__global__ void __launch_bounds__(256) window_kernel(const WindowArgs a) {
-  __shared__ unsigned win[kWinWords];
-  __shared__ float s_sum[8];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float4* params = reinterpret_cast<const float4*>(a.params);
-  const int r = a.resolution, nc = a.cells_axis;
-  const float inv_h = 0.5f * static_cast<float>(r - 1);
-  const float cut = a.cutoff_sq;
-  const int nwork = *a.nwork;
-  for (int item = blockIdx.x; item < nwork; item += gridDim.x) {
-    const int w = a.work[item];
-    const int cid = w / kWindowCellCapacity, part = w % kWindowCellCapacity;
-    const int* list = a.list + static_cast<int64_t>(cid) * kWindowCellCapacity;
-    const int e0 = part * a.items, e1 = min(min(a.counts[cid], kWindowCellCapacity), e0 + a.items);
-    const int cz = cid % nc, cy = (cid / nc) % nc, cx = cid / (nc * nc);
-    const int wx0 = cx * kWindowCell - kWindowHaloXY, wy0 = cy * kWindowCell - kWindowHaloXY;
-    const int wz0 = cz * kWindowCell - kWindowHaloZ;
-    for (int t = threadIdx.x; t < kWinWords; t += blockDim.x) win[t] = 0u;
-    float so = 0.f;
-    for (int e = e0 + static_cast<int>(threadIdx.x); e < e1; e += blockDim.x) so += ex2(__ldg(params + list[e] * int64_t(5) + 2).y);
-    for (int o = 16; o > 0; o >>= 1) so += __shfl_xor_sync(kFull, so, o);
-    if (lane == 0) s_sum[warp] = so;
-    __syncthreads();
-    float total = 0.f;
-    for (int k = 0; k < 8; ++k) total += s_sum[k];
-    const int ex = ((__float_as_int(total) >> 23) & 0xff) - 126;  // total < 2^ex (total >= 0, finite)
-    const int sh = min(31 - ex, 120);
-    const float fsh = static_cast<float>(sh);
-    for (int e = e0 + warp; e < e1; e += 8) {
-      const int64_t g = list[e];
-      const float4 p0 = __ldg(params + g * 5), p1 = __ldg(params + g * 5 + 1), p2 = __ldg(params + g * 5 + 2);
-      const float4 p3 = __ldg(params + g * 5 + 3), p4 = __ldg(params + g * 5 + 4);
-      const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
-      const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
-      const int ny = hiy - loy + 1;
-      const int cols = (hix - lox + 1) * ny;
-      const float A = p2.x, log2o = p2.y;
-      const float nka = -kK * A, inv_a = 1.f / A;
-      const float lcut = fmaf(-kK, cut, log2o);
-      const float rny = 1.f / static_cast<float>(ny);
-      const float muz = p0.z;
-      for (int c0 = 0; c0 < cols; c0 += 32) {
-        const int c = c0 + lane;
-        int i = lox, j = loy, k0 = hiz + 1, k1 = loz;  // empty unless the column reaches the cutoff
-        float m = 0.f, lc = 0.f;
-        if (c < cols) {
-          box_column(c, ny, rny, lox, loy, &i, &j);
-          const float dx = a.axis[i] - p0.x, dy = a.axis[j] - p0.y;
-          const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
-          const float q2 = fmaf(u1, u1, u2 * u2);
-          if (q2 <= cut * 1.0001f) {
-            m = fmaf(p1.z, dx, p1.w * dy);
-            lc = fmaf(-kK, q2, log2o);
-            const float half = sqrtf(fmaxf(cut - q2, 0.f) * inv_a);
-            const float zc = muz + m;
-            // the column's cutoff interval with 0.05 voxel of slack (float32 rounding of zc, half and the grid
-            // table is ~1e-5 voxel); the per-voxel test below decides
-            k0 = max(loz, static_cast<int>(ceilf((zc - half + 1.f) * inv_h - 0.05f)));
-            k1 = min(hiz, static_cast<int>(floorf((zc + half + 1.f) * inv_h + 0.05f)));
-          }
-        }
-        const int kb = __reduce_min_sync(kFull, static_cast<unsigned>(k0));  // k0, k1 >= 0
-        const int ke = __reduce_max_sync(kFull, static_cast<unsigned>(k1));
-        const int col = (i - wx0) * kWinYP + (j - wy0);
-        for (int k = kb; k <= ke; ++k) {
-          const float t = (a.axis[k] - muz) - m;
-          const float x = fmaf(nka * t, t, lc);
-          if (k >= k0 && k <= k1 && x >= lcut) atomicAdd(win + (k - wz0) * kWinPlane + col, __float2uint_rn(ex2(x + fsh)));
-        }
-      }
-    }
-    __syncthreads();
-    const float unit = __int_as_float((127 - sh) << 23);  // 2^-sh (sh in [-97, 120])
-    constexpr int kRuns = kWinZ / 4;
-    for (int t = threadIdx.x; t < kWinXY * kWinXY * kRuns; t += blockDim.x) {
-      const int wc = t % (kWinXY * kWinXY), run = t / (kWinXY * kWinXY);
-      const int ai = wc / kWinXY, aj = wc % kWinXY;
-      const unsigned* src = win + 4 * run * kWinPlane + ai * kWinYP + aj;
-      const unsigned u0 = src[0], u1 = src[kWinPlane], u2 = src[2 * kWinPlane], u3 = src[3 * kWinPlane];
-      if ((u0 | u1 | u2 | u3) == 0u) continue;  // also every voxel outside the grid (no term lands there)
-      const int i = wx0 + ai, j = wy0 + aj, k = wz0 + 4 * run;
-      float* dst = a.out + (static_cast<int64_t>(i) * r + j) * r + k;
-      const float v0 = static_cast<float>(u0) * unit, v1 = static_cast<float>(u1) * unit;
-      const float v2 = static_cast<float>(u2) * unit, v3 = static_cast<float>(u3) * unit;
-      if (a.vec4) {
-        red_add_v4(dst, v0, v1, v2, v3);
-      } else {
-        if (u0) atomicAdd(dst, v0);
-        if (u1) atomicAdd(dst + 1, v1);
-        if (u2) atomicAdd(dst + 2, v2);
-        if (u3) atomicAdd(dst + 3, v3);
-      }
-    }
-    __syncthreads();  // the window is zeroed again for the next item
-  }
-}
-
 // precise scatter kernel (exact mode): scatter_kernel's layout for the kPreciseScatter class, with the
 // float64 coefficients and arithmetic of process_precise(): per column Q2 and the cutoff interval along z
 // in float64, each voxel's q in float64 and tested against c^2 there, the term rounded to float32 once.
@@ -1372,13 +1238,6 @@ cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_ti
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
   scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_window(const WindowArgs& a, cudaStream_t stream) {
-  if (a.items <= 0 || a.nwork == nullptr) return cudaErrorInvalidValue;
-  // the item count is on the device: a fixed grid of blocks (five per SM fit the 40 kB windows) takes them
-  window_kernel<<<multiprocessors() * 5, 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -27,26 +27,13 @@ constexpr int kPreciseWords = 8;
 // SetupArgs.scatter_max_voxels > 0); kPreciseScatter: a kPrecise Gaussian left out of the lists and added
 // by precise_scatter_kernel in float64 (exact mode, SetupArgs.scatter_precise). The tiled kernels treat
 // both like kEmpty.
-// kWindow: a kScatter Gaussian whose box fits the window of the cell holding its box's centre, listed for
-// window_kernel (SetupArgs.window_items > 0).
-enum GaussClass : int {
-  kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3, kScatter = 4, kPreciseScatter = 5, kWindow = 6
-};
+enum GaussClass : int { kRecur = 0, kDirect = 1, kPrecise = 2, kEmpty = 3, kScatter = 4, kPreciseScatter = 5 };
 // The float64 scatter's work items: (Gaussian g, slice s) = g * kMaxPreciseSlices + s, slice s being the
 // columns [s * kPreciseSliceColumns, (s + 1) * kPreciseSliceColumns) of the Gaussian's box (column-major in
 // x, y), so that one warp takes at most 8 rounds of its lanes per item however wide the box (a box holds
 // at most R^2 <= 2^24 columns: < 65536 slices).
 constexpr int kPreciseSliceColumns = 256;
 constexpr int64_t kMaxPreciseSlices = 65536;
-// Window scatter (exact mode): the grid is cut into cells of kWindowCell^3 voxels; a small Gaussian whose box
-// lies inside its cell grown by kWindowHaloXY voxels along x, y and kWindowHaloZ along z (a 20 x 20 x 24
-// window) is listed in the cell (at most kWindowCellCapacity per cell, the rest stay kScatter). One block per
-// work item (a cell's Gaussians [part * G, (part + 1) * G), G = SetupArgs.window_items) sums their terms in
-// shared memory with 32-bit integer atomics (fixed point: exact and order-free), then adds the window to the
-// grid with one vector atomic per non-zero run of four voxels.
-constexpr int kWindowCell = 8, kWindowHaloXY = 6, kWindowHaloZ = 8;
-constexpr int kWindowCellCapacity = 256;
-constexpr int kWindowMaxCells = 1 << 15;  // R <= 256 (the cell lists take cells x capacity ints)
 
 struct SetupArgs {
   const float* means;       // [N, 3]
@@ -78,13 +65,6 @@ struct SetupArgs {
   int tile_x, tile_y, tile_z;     // tile size in voxels
   int ntx, nty, ntz;              // tiles per axis
   int* tile_counts;               // [ntx * nty * ntz], incremented
-  // window scatter (window_items > 0; exact mode, kScatter Gaussians only)
-  int window_items = 0;           // Gaussians per work item
-  int window_cells_axis = 0;      // cells per axis: ceil(R / kWindowCell)
-  int* window_counts = nullptr;   // [cells] Gaussians listed per cell so far (zeroed before the launch)
-  int* window_list = nullptr;     // [cells * kWindowCellCapacity] out
-  int* window_work = nullptr;     // [cells + N / window_items + 1] out: cell * kWindowCellCapacity + part
-  int* window_nwork = nullptr;    // [1] out: work items appended (zeroed before the launch)
   float* params;                  // [N, kParamWords] out
   double* precise;                // [N, kPreciseWords] out
 };
@@ -175,22 +155,6 @@ struct ScatterArgs {
 // Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
 // column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
-struct WindowArgs {
-  const float* params;
-  int resolution;
-  const float* axis;              // [>= R] grid coordinates
-  float cutoff_sq;
-  float* out;                     // [R, R, R], already holding the tiled kernel's result
-  bool vec4;                      // R % 4 == 0, out 16-byte aligned: 4-wide vector atomics
-  int items;                      // SetupArgs.window_items
-  int cells_axis;
-  const int* counts;
-  const int* list;
-  const int* work;
-  const int* nwork;
-};
-// Adds every kWindow Gaussian's terms to `out` (exact mode; see kWindowCell).
-cudaError_t launch_window(const WindowArgs& a, cudaStream_t stream);
 // Adds every kPreciseScatter Gaussian's terms to `out` (exact mode), like launch_scatter but with the
 // column intervals and the terms in float64, as the tiled kernels' float64 path computes them: thin
 // Gaussians cost their columns and in-cutoff voxels instead of tile footprints over their boxes. One warp
