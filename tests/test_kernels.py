@@ -2,6 +2,7 @@
 PyTorch path; the CUDA tests skip on a machine without a GPU."""
 
 import math
+from dataclasses import fields
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from microdreamer.field import FieldConfig, density_field, prepare_gaussians
 from microdreamer.field.reference import density_field_reference
 from microdreamer.field.reference import gaussian_3d_coeff as coeff_reference
 from microdreamer.field.torch_impl import density_field_torch
-from microdreamer.splat import read_ply
+from microdreamer.splat import Splat, read_ply
 from microdreamer.synthetic import make_random_splat, make_synthetic_object
 
 cuda = pytest.mark.cuda
@@ -421,6 +422,36 @@ def test_scatter_kernel_agrees_with_the_tiles(r):
             out = run_kernel(prepared, grid, cfg, "fast", variant=variant, scatter_voxels=scatter)
             assert rel_err(out, ref) <= FIELD_REL_TOL
             assert rel_err(out, tiled) <= 2e-6  # rounding of two float32 paths (observed ~1e-7)
+
+
+@cuda
+@pytest.mark.parametrize("r", [64, 66])
+def test_overlapped_scatter_matches_one_stream(r):
+    # small Gaussians (scatter kernel), thin discs (float64 scatter kernel) and wide ones (tiles) together;
+    # with splits the scatter kernels run on a second stream while the tiles are binned and evaluated, every
+    # tile then added into the zeroed grid (also a tile's only slice). Called from a user stream whose result
+    # is read right after: the call's stream must wait for the second one. Only the summation order differs.
+    small = make_synthetic_object(6000, seed=r, scale_fraction=0.01)
+    wide = make_random_splat(200, seed=r, spread=0.6, log_scale_mean=-2.0, log_scale_std=0.3)
+    thin = make_random_splat(200, seed=r + 1, spread=0.7, log_scale_mean=-2.5, log_scale_std=0.3)
+    thin.log_scales[:, 2] = math.log(2e-4)
+    splat = Splat(
+        **{f.name: torch.cat([getattr(p, f.name) for p in (small, wide, thin)]) for f in fields(Splat)}
+    )
+    cfg = FieldConfig(resolution=r, mode="exact")
+    prepared, grid = prepare_gaussians(splat, cfg)
+    ref = density_field_torch(prepared.to("cuda"), grid, cfg)
+    for kw in (dict(), dict(splits=5, split_min_entries=4), dict(splits=64, split_min_entries=1)):
+        one = run_kernel(prepared, grid, cfg, "fast", variant=2, overlap=False, **kw)
+        assert rel_err(one, ref) <= FIELD_REL_TOL
+        user = torch.cuda.Stream()
+        with torch.cuda.stream(user):
+            both = run_kernel(prepared, grid, cfg, "fast", variant=2, overlap=True, **kw)
+            total = both.double().sum()  # on the user stream, right after the call
+        user.synchronize()
+        assert rel_err(both, ref) <= FIELD_REL_TOL
+        assert rel_err(both, one) <= 2e-6
+        assert abs(float(total) - float(one.double().sum())) <= 1e-5 * float(one.double().sum())
 
 
 @cuda

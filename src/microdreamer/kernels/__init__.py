@@ -34,7 +34,9 @@ Implementations of :func:`extract_fields` (``impl=``):
   Variant 2 can also give a tile several blocks (``splits``): a tile list longer than
   ``split_min_entries`` is cut into up to ``splits`` slices, each evaluated by its own block and added
   into the (zeroed) grid with atomics, so that a few tiles with long lists (wide Gaussians on a coarse
-  grid: the real DreamGaussian splats at 128^3) no longer run on a few SMs while the rest idle.
+  grid: the real DreamGaussian splats at 128^3) no longer run on a few SMs while the rest idle. With splits
+  the scatter kernels need nothing from the binning and add into the same zeroed grid, so by default
+  (``overlap``) they run on a second CUDA stream while the tiles are binned and evaluated.
 * ``"naive"``: one thread per voxel looping over every Gaussian with an axis-aligned range cull (the
   measured baseline).
 
@@ -175,6 +177,7 @@ def extract_fields(
     scatter_precise: bool | None = None,
     max_precise_items: int | None = None,
     max_wide_items: int | None = None,
+    overlap: bool = True,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -208,6 +211,10 @@ def extract_fields(
         max_wide_items: fast: capacity of the wide-box list (tile boxes of more than 128 tiles, one item per 128
             tiles, binned by warps all over the GPU); the Gaussians whose items do not fit are binned by their
             own warp. Default ``WIDE_ITEMS_PER_GAUSSIAN`` x N + 65536.
+        overlap: fast, variant 2 with splits > 1 (exact mode): run the scatter kernels on a second CUDA stream,
+            concurrently with the tiles' binning and the tiled kernel (every kernel then adds into the zeroed
+            grid); the call's stream waits for both before it returns. False: one stream, the scatter kernels
+            after the tiled kernel.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -264,6 +271,7 @@ def extract_fields(
         bool(default_scatter_precise(config) if scatter_precise is None else scatter_precise),
         int(PRECISE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_precise_items is None else max_precise_items),
         int(WIDE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_wide_items is None else max_wide_items),
+        bool(overlap),
     )  # fmt: skip
 
 

@@ -36,6 +36,15 @@ void check_shape(const at::Tensor& t, const char* name, std::vector<int64_t> sha
   TORCH_CHECK(ok, name, " must have shape ", want, "], got ", sizes_of(t));
 }
 
+// A CUDA event for ordering two streams (no timing), destroyed with its scope.
+struct Event {
+  cudaEvent_t e = nullptr;
+  void create() { C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
+  ~Event() {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+};
+
 // One allocation for a call's scratch arrays: sections appended in order, each 16-byte aligned.
 struct Workspace {
   int64_t bytes = 0;
@@ -55,7 +64,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           int64_t chunks, int64_t max_list_entries, int64_t variant, int64_t list_capacity,
                           int64_t scatter_voxels, int64_t splits, int64_t split_min, bool sized_list,
                           bool scatter_precise, int64_t precise_capacity,
-                          int64_t wide_capacity) {
+                          int64_t wide_capacity, bool overlap_scatter) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -108,6 +117,9 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   // variant 2 with splits: the scan kernel lists the (tile, slice) work items
   const bool split = fast && variant == 2 && splits > 1 && n_tiles * microdreamer::kMaxSplits < (int64_t(1) << 31);
   int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
+  // with split tiles every kernel adds into the zeroed grid, and the scatter kernels need only the setup
+  // kernel's classes: they run on a second stream while the tiles are binned and evaluated
+  const bool overlap = overlap_scatter && split && variant == 2 && (scatter || precise_scatter);
   // one workspace: parameters, float64 table, tile ends, then int32 arrays: the tile counts (zeroed), the
   // split kernel's counters and work items, the tiles' list (variants 2, 3)
   Workspace ws;
@@ -134,6 +146,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   auto* wide_count = reinterpret_cast<unsigned long long*>(ws_base + o_wide_count);
   auto* wide_items = reinterpret_cast<int64_t*>(ws_base + o_wide_items);
   if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts, 0, zeroed_bytes, stream));
+  if (overlap) C10_CUDA_CHECK(cudaMemsetAsync(out.data_ptr<float>(), 0, static_cast<size_t>(r * r * r) * sizeof(float), stream));
 
   microdreamer::SetupArgs s{};
   s.means = means.data_ptr<float>();
@@ -169,6 +182,46 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.precise = precise;
   C10_CUDA_CHECK(microdreamer::launch_setup(s, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  // the small Gaussians (kScatter) and the thin ones (kPreciseScatter), added after the tiled kernel has
+  // written every voxel, or (overlap) on a second stream while the tiles are binned and evaluated
+  auto add_scattered = [&](cudaStream_t on) {
+    if (!scatter && !precise_scatter) return;
+    microdreamer::ScatterArgs sa{};
+    sa.params = params;
+    sa.n = n;
+    sa.resolution = static_cast<int>(r);
+    sa.axis = axis.data_ptr<float>();
+    sa.cutoff_sq = static_cast<float>(cutoff_sq);
+    sa.out = out.data_ptr<float>();
+    sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(sa.axis) % 16 == 0;
+    sa.precise = precise;
+    sa.cutoff_sq_d = cutoff_sq;
+    sa.precise_count = precise_count;
+    sa.precise_items = precise_items;
+    sa.precise_capacity = precise_capacity;
+    if (scatter) {
+      C10_CUDA_CHECK(microdreamer::launch_scatter(sa, on));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (precise_scatter) {
+      C10_CUDA_CHECK(microdreamer::launch_precise_scatter(sa, on));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  };
+
+  Event scattered;
+  if (overlap) {
+    const cudaStream_t side = c10::cuda::getStreamFromPool(false, device.index()).stream();
+    Event setup_done;
+    setup_done.create();
+    scattered.create();
+    C10_CUDA_CHECK(cudaEventRecord(setup_done.e, stream));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(side, setup_done.e, 0));
+    add_scattered(side);
+    C10_CUDA_CHECK(cudaEventRecord(scattered.e, side));
+  }
 
   // the binning's arguments (fill) for the tiles of z-slabs [z0, z1), whose list entries start at position
   // `base` of `list` (all tiles at once: z0 = 0, z1 = ntz, base = 0)
@@ -249,34 +302,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     }
   }
 
-  // the small Gaussians (kScatter) and the thin ones (kPreciseScatter), added after the tiled kernel has
-  // written every voxel
-  auto add_scattered = [&]() {
-    if (!scatter && !precise_scatter) return;
-    microdreamer::ScatterArgs sa{};
-    sa.params = params;
-    sa.n = n;
-    sa.resolution = static_cast<int>(r);
-    sa.axis = axis.data_ptr<float>();
-    sa.cutoff_sq = static_cast<float>(cutoff_sq);
-    sa.out = out.data_ptr<float>();
-    sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0 &&
-              reinterpret_cast<uintptr_t>(sa.axis) % 16 == 0;
-    sa.precise = precise;
-    sa.cutoff_sq_d = cutoff_sq;
-    sa.precise_count = precise_count;
-    sa.precise_items = precise_items;
-    sa.precise_capacity = precise_capacity;
-    if (scatter) {
-      C10_CUDA_CHECK(microdreamer::launch_scatter(sa, stream));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-    if (precise_scatter) {
-      C10_CUDA_CHECK(microdreamer::launch_precise_scatter(sa, stream));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-  };
-
   // the tiled kernel's arguments for the tiles of z-slabs from z0, list entries from `base` of `list`
   auto fast_args = [&](const int* list, int64_t z0, int64_t base) {
     microdreamer::FastArgs a{};
@@ -312,12 +337,14 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
       a.splits = static_cast<int>(splits);
       a.work = plan.work;
       a.counters = plan.counters;
-      C10_CUDA_CHECK(cudaMemsetAsync(a.out, 0, static_cast<size_t>(r * r * r) * sizeof(float), stream));
+      a.always_add = overlap;
+      if (!overlap) C10_CUDA_CHECK(cudaMemsetAsync(a.out, 0, static_cast<size_t>(r * r * r) * sizeof(float), stream));
     }
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
                                                 n, variant == 3, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    add_scattered();
+    if (overlap) C10_CUDA_CHECK(cudaStreamWaitEvent(stream, scattered.e, 0));
+    else add_scattered(stream);
     return out;
   }
   // variant 1: the host reads the entries per z-slab of tiles to size and chunk the lists (a sync)
@@ -351,7 +378,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                                              static_cast<int>((z1 - z0) * nty * ntx), stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  add_scattered();
+  add_scattered(stream);
   return out;
 }
 

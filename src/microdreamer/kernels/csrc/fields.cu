@@ -881,7 +881,7 @@ __device__ __forceinline__ void v2_tile(const FastArgs& a, int tile, int split, 
     const int64_t per = max(a.split_min, (len + a.splits - 1) / a.splits);
     const int64_t s0 = start + split * per;
     if (s0 >= end) return;  // no slice for this block (the grid was zeroed); block-uniform
-    add = len > per;
+    add = a.always_add || len > per;
     start = s0;
     end = min(end, s0 + per);
   }

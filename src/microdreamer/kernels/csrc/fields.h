@@ -110,6 +110,8 @@ struct FastArgs {
   float* out;                     // [R, R, R]
   bool out_aligned;               // out is 16-byte aligned (vector stores allowed when R % 4 == 0)
   int splits = 1;                 // v2: blocks per tile (> 1: out must be zeroed before the launch)
+  bool always_add = false;        // v2 with splits: every block adds into the grid, also a tile's only slice
+                                  // (the scatter kernels add into it at the same time, on another stream)
   int64_t split_min = 1;          // v2: fewest list entries per block when a tile's list is split
   const int* work = nullptr;      // v2 with splits: the work items and counters of SplitPlan
   int* counters = nullptr;
