@@ -3,8 +3,8 @@ fast kernel's time per input and grid size.
 
     python benchmarks/plot_fields.py [--results benchmarks/results] [--out-dir benchmarks/results]
 
-Reads ``fields_h200_profile_round8.json`` (profile_fields.py: per-kernel device times of one default call, medians)
-and ``fields_h200_round8_defaults.json`` (bench_fields.py with the exact-mode defaults); writes
+Reads ``fields_h200_profile_round10.json`` (profile_fields.py: per-kernel device times of one default call, medians)
+and ``fields_h200_round10_defaults.json`` (bench_fields.py with the exact-mode defaults); writes
 ``fields_h200_kernels_{R}_{N}.png`` per profiled case and ``fields_h200_defaults_R{128,256,512}.png``. Runs
 on the CPU.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from microdreamer.profiling import plot_stages
 
-PROFILE, DEFAULTS = "fields_h200_profile_round8.json", "fields_h200_round8_defaults.json"
+PROFILE, DEFAULTS = "fields_h200_profile_round10.json", "fields_h200_round10_defaults.json"
 
 
 def kernel_name(name: str) -> str:
@@ -41,7 +41,8 @@ def kernel_charts(profile: dict, out_dir: Path) -> list[Path]:
             plot_stages(
                 times,
                 out_dir / f"fields_h200_kernels_{r}_{count(n)}.png",
-                f"fields {r}^3 / {count(n)}, kernels of one default call (H200, span {case['span_us']:.0f} us)",
+                f"fields {r}^3 / {count(n)}, kernels of one default call (H200, span {case['span_us']:.0f} us; "
+                "scatter kernels on a second stream)",
                 "us",
             )
         )
