@@ -385,18 +385,24 @@ __device__ __forceinline__ int64_t block_inclusive_sum(int64_t v, int64_t* s_war
   return warp == 0 ? v : v + s_warp[warp - 1];
 }
 
-// Slices of a tile's list in variant 2 with splits (fast_kernel_v2 cuts it the same way): 0 when empty. The
-// divisions in 32 bits when the list fits (a 64-bit division is a long software sequence, and the scan kernel
-// runs on one SM).
+// Entries per slice when variant 2 with splits cuts a list of len entries: at most `splits` slices of at least
+// split_min entries (the scan kernel's plan and fast_kernel_v2 cut the same way).
+template <typename T>
+__device__ __forceinline__ T slice_length(T len, T splits, T split_min) {
+  return max(split_min, (len + splits - 1) / splits);
+}
+
+// Slices of a tile's list in variant 2 with splits: 0 when empty. The divisions in 32 bits when the list fits (a
+// 64-bit division is a long software sequence, and the scan kernel runs on one SM).
 __device__ __forceinline__ int64_t tile_slices(int64_t start, int64_t end, const SplitPlan& p) {
   const int64_t len = end > p.capacity ? p.n : end - start;
   if (len <= 0) return 0;
   if (len < (int64_t(1) << 31) && p.split_min < (int64_t(1) << 31)) {
-    const unsigned l = static_cast<unsigned>(len), s = static_cast<unsigned>(p.splits);
-    const unsigned per = max(static_cast<unsigned>(p.split_min), (l + s - 1) / s);
+    const unsigned l = static_cast<unsigned>(len);
+    const unsigned per = slice_length<unsigned>(l, static_cast<unsigned>(p.splits), static_cast<unsigned>(p.split_min));
     return (l + per - 1) / per;
   }
-  const int64_t per = max(p.split_min, (len + p.splits - 1) / p.splits);
+  const int64_t per = slice_length<int64_t>(len, p.splits, p.split_min);
   return (len + per - 1) / per;
 }
 
@@ -878,7 +884,7 @@ __device__ __forceinline__ void v2_tile(const FastArgs& a, int tile, int split, 
   bool add = false;  // this block adds its slice's part of the tile to the zeroed grid
   if (SPLIT) {
     const int64_t len = end - start;
-    const int64_t per = max(a.split_min, (len + a.splits - 1) / a.splits);
+    const int64_t per = slice_length<int64_t>(len, a.splits, a.split_min);
     const int64_t s0 = start + split * per;
     if (s0 >= end) return;  // no slice for this block (the grid was zeroed); block-uniform
     add = a.always_add || len > per;
