@@ -45,6 +45,19 @@ struct Event {
   }
 };
 
+// Makes `stream` wait for `event` when the scope ends (a return or an exception): the call's stream never runs
+// ahead of work on a second stream that still uses the call's workspace and grid.
+struct StreamJoin {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+  StreamJoin() = default;
+  StreamJoin(const StreamJoin&) = delete;  // a copy would wait twice, a temporary at once
+  StreamJoin& operator=(const StreamJoin&) = delete;
+  ~StreamJoin() {
+    if (event != nullptr) cudaStreamWaitEvent(stream, event, 0);
+  }
+};
+
 // One allocation for a call's scratch arrays: sections appended in order, each 16-byte aligned.
 struct Workspace {
   int64_t bytes = 0;
@@ -212,6 +225,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   };
 
   Event scattered;
+  StreamJoin join;  // after `scattered` and the workspace: destroyed (and waiting) before them
   if (overlap) {
     const cudaStream_t side = c10::cuda::getStreamFromPool(false, device.index()).stream();
     Event setup_done;
@@ -221,6 +235,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     C10_CUDA_CHECK(cudaStreamWaitEvent(side, setup_done.e, 0));
     add_scattered(side);
     C10_CUDA_CHECK(cudaEventRecord(scattered.e, side));
+    join.stream = stream;
+    join.event = scattered.e;
   }
 
   // the binning's arguments (fill) for the tiles of z-slabs [z0, z1), whose list entries start at position
@@ -343,8 +359,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
                                                 n, variant == 3, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (overlap) C10_CUDA_CHECK(cudaStreamWaitEvent(stream, scattered.e, 0));
-    else add_scattered(stream);
+    if (!overlap) add_scattered(stream);  // else `join` makes the call's stream wait for the second one
     return out;
   }
   // variant 1: the host reads the entries per z-slab of tiles to size and chunk the lists (a sync)
