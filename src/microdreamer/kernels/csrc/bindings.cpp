@@ -132,7 +132,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   int64_t capacity = std::max<int64_t>(std::min(list_capacity, max_list_entries), 1);
   // with split tiles every kernel adds into the zeroed grid, and the scatter kernels need only the setup
   // kernel's classes: they run on a second stream while the tiles are binned and evaluated
-  const bool overlap = overlap_scatter && split && variant == 2 && (scatter || precise_scatter);
+  const bool overlap = overlap_scatter && split && (scatter || precise_scatter);
   // one workspace: parameters, float64 table, tile ends, then int32 arrays: the tile counts (zeroed), the
   // split kernel's counters and work items, the tiles' list (variants 2, 3)
   Workspace ws;
@@ -159,7 +159,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   auto* wide_count = reinterpret_cast<unsigned long long*>(ws_base + o_wide_count);
   auto* wide_items = reinterpret_cast<int64_t*>(ws_base + o_wide_items);
   if (fast) C10_CUDA_CHECK(cudaMemsetAsync(counts, 0, zeroed_bytes, stream));
-  if (overlap) C10_CUDA_CHECK(cudaMemsetAsync(out.data_ptr<float>(), 0, static_cast<size_t>(r * r * r) * sizeof(float), stream));
+  // several blocks per tile (and, with overlap, the scatter kernels at the same time) add into the grid: zero it
+  if (split) C10_CUDA_CHECK(cudaMemsetAsync(out.data_ptr<float>(), 0, static_cast<size_t>(r * r * r) * sizeof(float), stream));
 
   microdreamer::SetupArgs s{};
   s.means = means.data_ptr<float>();
@@ -348,13 +349,11 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     microdreamer::FastArgs a = fast_args(v2_list, 0, 0);
-    if (split) {
-      // several blocks per tile add into the grid: zero it first
+    if (split) {  // the grid was zeroed before the setup kernel
       a.splits = static_cast<int>(splits);
       a.work = plan.work;
       a.counters = plan.counters;
       a.always_add = overlap;
-      if (!overlap) C10_CUDA_CHECK(cudaMemsetAsync(a.out, 0, static_cast<size_t>(r * r * r) * sizeof(float), stream));
     }
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
                                                 n, variant == 3, stream));
