@@ -455,33 +455,6 @@ def test_overlapped_scatter_matches_one_stream(r):
 
 
 @cuda
-@pytest.mark.parametrize("r", [64, 66])
-def test_spread_scatter_runs_match_per_lane_columns(r):
-    # the scatter kernel with each lane walking its own column (spread 0) and with the columns' runs spread
-    # over the lanes (every deep enough box, boxes >= 8 deep, or none at 10^6): the same terms, summed in another
-    # order. Small Gaussians, deep needles along z (long columns, the interval's slack at its widest) and
-    # flat discs. R = 66: scalar atomics, where nothing is spread
-    small = make_synthetic_object(4000, seed=r, scale_fraction=0.03)
-    needles = make_random_splat(300, seed=r + 2, spread=0.7, log_scale_mean=-3.6, log_scale_std=0.2)
-    needles.log_scales[:, 2] = math.log(0.15)
-    needles.quats[:] = torch.tensor([1.0, 0.0, 0.0, 0.0]) + 0.2 * torch.randn(300, 4)
-    discs = make_random_splat(300, seed=r + 3, spread=0.7, log_scale_mean=-3.3, log_scale_std=0.2)
-    discs.log_scales[:, 2] = math.log(0.004)
-    splat = Splat(
-        **{f.name: torch.cat([getattr(p, f.name) for p in (small, needles, discs)]) for f in fields(Splat)}
-    )
-    cfg = FieldConfig(resolution=r, mode="exact")
-    prepared, grid = prepare_gaussians(splat, cfg)
-    ref = density_field_torch(prepared.to("cuda"), grid, cfg)
-    lanes = run_kernel(prepared, grid, cfg, "fast", scatter_voxels=EVERYTHING, scatter_spread=0)
-    assert rel_err(lanes, ref) <= FIELD_REL_TOL
-    for spread in (1, 8, 10**6):
-        out = run_kernel(prepared, grid, cfg, "fast", scatter_voxels=EVERYTHING, scatter_spread=spread)
-        assert rel_err(out, ref) <= FIELD_REL_TOL
-        assert float((out - lanes).abs().max()) <= 1e-6 * float(lanes.abs().max())
-
-
-@cuda
 def test_scatter_options_must_be_non_negative():
     from microdreamer.kernels import extract_fields
 
@@ -492,8 +465,6 @@ def test_scatter_options_must_be_non_negative():
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), max_precise_items=-1)
     with pytest.raises(ValueError, match="max_wide_items"):
         extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), max_wide_items=-1)
-    with pytest.raises(ValueError, match="scatter_spread"):
-        extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), scatter_spread=-1)
 
 
 @cuda

@@ -23,10 +23,7 @@ Implementations of :func:`extract_fields` (``impl=``):
   upstream mode it is ``2``).
   In exact mode, Gaussians whose cutoff box holds at most ``scatter_voxels`` voxels (small ones, which
   fill the warp footprints poorly) stay out of the lists: after the tiled kernel, a scatter kernel adds
-  them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics;
-  where its box is at least ``scatter_spread`` voxels deep, the warp then spreads its columns' runs of four
-  voxels over its lanes, one column's runs on neighbouring lanes, so that they reach the L2 together (cheaper
-  than as many atomics from different lines: NOTES_fields.md, round 11).
+  them with one warp per Gaussian and one lane per column of its box, through global (vector) atomics.
   With ``scatter_precise`` (exact mode), the Gaussians too thin for the float32 column form (the float64
   class) are added the same way in float64, instead of by the tiled kernels' float64 path over their
   boxes (thin discs have boxes far larger than their cutoff ellipsoids); its work is one warp per 256
@@ -65,7 +62,6 @@ __all__ = [
     "default_splits",
     "default_sized_list",
     "default_scatter_precise",
-    "default_scatter_spread",
 ]
 
 IMPLS = ("fast", "naive")
@@ -145,14 +141,6 @@ def default_scatter_precise(config: FieldConfig) -> bool:
     return config.mode == "exact"
 
 
-def default_scatter_spread(config: FieldConfig) -> int:
-    """fast, exact mode: the scatter kernel spreads the runs of boxes at least this many voxels deep over its
-    lanes (0: never). 8: where columns mostly hold two or more runs of four voxels (H200, round 11: the synthetic
-    object's 50k Gaussians at 128^3, boxes ~11 deep, 113 -> 100 us; the shallower boxes of the real splats
-    measured slower spread)."""
-    return 8
-
-
 def _axis_table(r: int, length: int, device: torch.device) -> torch.Tensor:
     """[length] float32 grid coordinates -1 + 2 k / (R - 1): ``GridSpec.axis`` extended past R - 1."""
     key = ("axis", r, length, str(device))
@@ -190,7 +178,6 @@ def extract_fields(
     max_precise_items: int | None = None,
     max_wide_items: int | None = None,
     overlap: bool = True,
-    scatter_spread: int | None = None,
 ) -> torch.Tensor:
     """Density field of prepared Gaussians on the GPU (semantics: :mod:`microdreamer.field.common`).
 
@@ -228,9 +215,6 @@ def extract_fields(
             concurrently with the tiles' binning and the tiled kernel (every kernel then adds into the zeroed
             grid); the call's stream waits for both before it returns. False: one stream, the scatter kernels
             after the tiled kernel.
-        scatter_spread: fast, exact mode: boxes of scattered Gaussians at least this many voxels deep have their
-            columns' runs of four voxels spread over the warp's lanes (0: never); default
-            :func:`default_scatter_spread`.
     Returns:
         [R, R, R] float32 on the Gaussians' device; [i, j, k] is the point (axis[i], axis[j], axis[k]).
     Raises:
@@ -260,10 +244,6 @@ def extract_fields(
     for name, value in (("max_precise_items", max_precise_items), ("max_wide_items", max_wide_items)):
         if value is not None and value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
-    if scatter_spread is None:
-        scatter_spread = default_scatter_spread(config)
-    if scatter_spread < 0:
-        raise ValueError(f"scatter_spread must be >= 0, got {scatter_spread}")
     if splits is None:
         splits = default_splits(config, chunks)
     if sized_list is None:
@@ -291,7 +271,7 @@ def extract_fields(
         bool(default_scatter_precise(config) if scatter_precise is None else scatter_precise),
         int(PRECISE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_precise_items is None else max_precise_items),
         int(WIDE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_wide_items is None else max_wide_items),
-        bool(overlap), int(scatter_spread),
+        bool(overlap),
     )  # fmt: skip
 
 

@@ -77,7 +77,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
                           int64_t chunks, int64_t max_list_entries, int64_t variant, int64_t list_capacity,
                           int64_t scatter_voxels, int64_t splits, int64_t split_min, bool sized_list,
                           bool scatter_precise, int64_t precise_capacity,
-                          int64_t wide_capacity, bool overlap_scatter, int64_t scatter_spread) {
+                          int64_t wide_capacity, bool overlap_scatter) {
   TORCH_CHECK(means.is_cuda(), "extract_fields: means must be a CUDA tensor, got ", means.device());
   const at::Device device = means.device();
   const c10::cuda::CUDAGuard guard(device);
@@ -103,7 +103,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
   TORCH_CHECK(precise_capacity >= 0, "precise_capacity must be >= 0, got ", precise_capacity);
   TORCH_CHECK(wide_capacity >= 0, "wide_capacity must be >= 0, got ", wide_capacity);
-  TORCH_CHECK(scatter_spread >= 0, "scatter_spread must be >= 0, got ", scatter_spread);
   TORCH_CHECK(chunks == 1 || chunks == 2 || (chunks == 4 && exact), "chunks must be 1, 2 (or 4 in exact mode), got ",
               chunks);
   check_tensor(axis, "axis", at::kFloat, device);
@@ -211,7 +210,6 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     sa.out = out.data_ptr<float>();
     sa.vec4 = r % 4 == 0 && reinterpret_cast<uintptr_t>(sa.out) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(sa.axis) % 16 == 0;
-    sa.spread_depth = static_cast<int>(std::min<int64_t>(scatter_spread, r + 1));
     sa.precise = precise;
     sa.cutoff_sq_d = cutoff_sq;
     sa.precise_count = precise_count;

@@ -1030,51 +1030,6 @@ __device__ __forceinline__ void box_column(int c, int ny, float rny, int lox, in
   *j = loy + dj;
 }
 
-// A column of a kScatter Gaussian's box: (i, j) from its index c, and the interval [k0, k1] along z that holds
-// every voxel within the cutoff, m (zc - mu_z) and lc (log2 opacity - K Q2); false when the column has no voxel
-// within the cutoff. The interval |z - zc| <= sqrt((c^2 - Q2) / A) is widened by `slack` voxels, enough for
-// the float32 rounding of the exact per-voxel test (x >= lcut, below): its log2 terms are rounded to ~2e-6 (|x|
-// <= ~21), so a voxel may pass up to ~5e-6 / A past the interval's end in t^2, at most 2.2e-3 sigma_z|xy in t;
-// slack = 0.01 + 0.004 sigma_z|xy / h covers that and the rounding of zc, the square root and the grid table
-// (~1e-5 voxel). Every voxel of the interval is still tested.
-struct ScatterGauss {
-  float4 p0, p1;
-  int lox, loy, loz, hiz, ny;
-  float rny, log2o, nka, inv_a, lcut, cut, inv_h, slack;
-};
-
-__device__ __forceinline__ bool scatter_column(const ScatterGauss& G, const float* axis, int c, int* i, int* j,
-                                               int* k0, int* k1, float* m, float* lc) {
-  box_column(c, G.ny, G.rny, G.lox, G.loy, i, j);
-  const float dx = axis[*i] - G.p0.x, dy = axis[*j] - G.p0.y;
-  const float u1 = fmaf(G.p0.w, dx, G.p1.x * dy), u2 = G.p1.y * dy;
-  const float q2 = fmaf(u1, u1, u2 * u2);
-  if (q2 > G.cut * 1.0001f) return false;
-  *m = fmaf(G.p1.z, dx, G.p1.w * dy);
-  *lc = fmaf(-kK, q2, G.log2o);
-  const float h2 = fmaxf(G.cut - q2, 0.f) * G.inv_a;
-  const float half = h2 * rsqrtf(fmaxf(h2, 1e-30f));  // ~1e-7 relative: far below the slack
-  const float zc = G.p0.z + *m;
-  *k0 = max(G.loz, static_cast<int>(ceilf(fmaf(zc - half + 1.f, G.inv_h, -G.slack))));
-  *k1 = min(G.hiz, static_cast<int>(floorf(fmaf(zc + half + 1.f, G.inv_h, G.slack))));
-  return *k0 <= *k1;
-}
-
-// A live column of the vector-atomic scatter: its run t starts at voxel kbase + 4 t (kbase = k0 - 4 x the
-// column's first run) of the column that starts at grid offset colr = (i R + j) R (R^3 < 2^31); m and lc as
-// in scatter_column.
-struct __align__(16) ScatterRun {
-  int colr, kbase;
-  float m, lc;
-};
-
-// The scatter Gaussians whose runs scatter_spread_kernel spreads over its lanes: boxes at least spread_depth (> 0)
-// voxels deep, where columns mostly hold two or more runs of four voxels, with vector atomics and 32-bit grid
-// offsets (R^3 < 2^31); scatter_kernel takes the rest.
-__device__ __forceinline__ bool spread_box(const ScatterArgs& a, int loz, int hiz) {
-  return a.vec4 && a.resolution <= 1290 && a.spread_depth > 0 && hiz - loz >= a.spread_depth - 1;
-}
-
 __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -1085,9 +1040,8 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
   for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
     const float4 p3 = __ldg(params + g * 5 + 3);
     if (__float_as_int(p3.x) != kScatter) continue;
-    const float4 p4 = __ldg(params + g * 5 + 4);
-    if (spread_box(a, __float_as_int(p4.y), __float_as_int(p4.z))) continue;  // scatter_spread_kernel's
     const float4 p0 = __ldg(params + g * 5), p1 = __ldg(params + g * 5 + 1), p2 = __ldg(params + g * 5 + 2);
+    const float4 p4 = __ldg(params + g * 5 + 4);
     const int lox = __float_as_int(p3.y), hix = __float_as_int(p3.z), loy = __float_as_int(p3.w);
     const int hiy = __float_as_int(p4.x), loz = __float_as_int(p4.y), hiz = __float_as_int(p4.z);
     const int ny = hiy - loy + 1;
@@ -1115,94 +1069,6 @@ __global__ void __launch_bounds__(256) scatter_kernel(const ScatterArgs a) {
         const float x = fmaf(nka * t, t, lc);
         return x >= lcut ? ex2(x) : 0.f;
       });
-    }
-  }
-}
-
-// scatter_kernel's Gaussians whose boxes are at least spread_depth voxels deep (vec4 only, see spread_box): one
-// warp per Gaussian takes its box's columns 32 at a time (one lane each: the column's interval), then spreads the
-// columns' aligned runs of four voxels over its lanes, a column's runs on neighbouring lanes: one run per lane and
-// round, and the runs of one column, which mostly share a 128-byte line of the grid, leave in one instruction.
-// The L2 takes such atomics together: on an H200 a warp's 16-byte atomics at random lines run at 1.04e11 per
-// second, two or four per line at 1.5e11 and 2.0e11 (benchmarks/NOTES_fields.md, round 11). Kept apart from
-// scatter_kernel, whose registers (46, five blocks per SM) the spreading would raise to 57 (four blocks), slower
-// for the shallow boxes.
-__global__ void __launch_bounds__(256) scatter_spread_kernel(const ScatterArgs a) {
-  __shared__ ScatterRun s_runs[8][32];  // per warp: its current 32 columns, compacted
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  const float4* params = reinterpret_cast<const float4*>(a.params);
-  const int64_t r = a.resolution;
-  ScatterGauss G;
-  G.inv_h = 0.5f * static_cast<float>(a.resolution - 1);
-  G.cut = a.cutoff_sq;
-  for (int64_t g = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; g < a.n; g += warps) {
-    const float4 p3 = __ldg(params + g * 5 + 3);
-    if (__float_as_int(p3.x) != kScatter) continue;
-    const float4 p4 = __ldg(params + g * 5 + 4);
-    if (!spread_box(a, __float_as_int(p4.y), __float_as_int(p4.z))) continue;  // scatter_kernel's
-    G.p0 = __ldg(params + g * 5);
-    G.p1 = __ldg(params + g * 5 + 1);
-    const float4 p2 = __ldg(params + g * 5 + 2);
-    G.lox = __float_as_int(p3.y);
-    G.loy = __float_as_int(p3.w);
-    G.loz = __float_as_int(p4.y);
-    G.hiz = __float_as_int(p4.z);
-    const int hix = __float_as_int(p3.z), hiy = __float_as_int(p4.x);
-    G.ny = hiy - G.loy + 1;
-    const int cols = (hix - G.lox + 1) * G.ny;
-    G.log2o = p2.y;
-    G.nka = -kK * p2.x;
-    G.inv_a = 1.f / p2.x;
-    G.slack = fmaf(0.004f * G.inv_h, sqrtf(G.inv_a), 0.01f);
-    G.lcut = fmaf(-kK, G.cut, G.log2o);
-    G.rny = 1.f / static_cast<float>(G.ny);
-    const float muz = G.p0.z, nka = G.nka, lcut = G.lcut;
-    auto term = [&](float z, float m, float lc) {
-      const float t = (z - muz) - m;
-      const float x = fmaf(nka * t, t, lc);
-      return x >= lcut ? ex2(x) : 0.f;
-    };
-    ScatterRun* runs_of = s_runs[threadIdx.x >> 5];
-    for (int c0 = 0; c0 < cols; c0 += 32) {
-      int i = 0, j = 0, k0 = 0, k1 = -1, runs = 0;
-      float m = 0.f, lc = 0.f;
-      if (c0 + lane < cols && scatter_column(G, a.axis, c0 + lane, &i, &j, &k0, &k1, &m, &lc)) {
-        k0 &= ~3;
-        runs = ((k1 - k0) >> 2) + 1;
-      }
-      int end = runs;  // inclusive prefix sum of the runs over the lanes
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(kFull, end, o);
-        if (lane >= o) end += v;
-      }
-      const int total = __shfl_sync(kFull, end, 31);
-      const int start = end - runs;
-      // the columns with runs, compacted in lane order: rank -> (column offset, kbase, m, lc)
-      const unsigned live = __ballot_sync(kFull, runs > 0);
-      const unsigned below = (1u << lane) - 1u;
-      if (runs > 0) {
-        const int colr = (i * static_cast<int>(r) + j) * static_cast<int>(r);
-        runs_of[__popc(live & below)] = {colr, k0 - 4 * start, m, lc};
-      }
-      __syncwarp();
-      for (int t0 = 0; t0 < total; t0 += 32) {
-        // run t0 + lane belongs to the live column of rank (live columns starting before t0) + (those starting
-        // in [t0, t0 + lane]) - 1; starts are distinct (every live column has a run)
-        const bool here = runs > 0 && start >= t0 && start < t0 + 32;
-        const unsigned starts = __reduce_or_sync(kFull, here ? 1u << (start - t0) : 0u);
-        const int before = __popc(__ballot_sync(kFull, runs > 0 && start < t0));
-        const int t = t0 + lane;
-        if (t >= total) continue;  // the last round
-        const ScatterRun q = runs_of[before + __popc(starts & (below | (1u << lane))) - 1];
-        const int kq = q.kbase + 4 * t;  // the run's first voxel
-        const float4 zq = *reinterpret_cast<const float4*>(a.axis + kq);
-        const float v0 = term(zq.x, q.m, q.lc), v1 = term(zq.y, q.m, q.lc);
-        const float v2 = term(zq.z, q.m, q.lc), v3 = term(zq.w, q.m, q.lc);
-        if (v0 != 0.f || v1 != 0.f || v2 != 0.f || v3 != 0.f)
-          red_add_v4(a.out + (q.colr + kq), v0, v1, v2, v3);
-      }
-      __syncwarp();  // the ranks are written again for the next 32 columns
     }
   }
 }
@@ -1378,11 +1244,6 @@ cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_ti
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
   scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
-  if (a.vec4 && a.resolution <= 1290 && a.spread_depth > 0) {
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    scatter_spread_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
-  }
   return cudaGetLastError();
 }
 

@@ -148,8 +148,6 @@ struct ScatterArgs {
   float cutoff_sq;
   float* out;                     // [R, R, R], already holding the tiled kernel's result
   bool vec4;                      // R % 4 == 0, out and axis 16-byte aligned: 4-wide vector atomics
-  int spread_depth = 0;           // launch_scatter with vec4: boxes at least this deep (> 0) spread their
-                                  // columns' runs of four voxels over the warp's lanes
   const double* precise;          // [N, kPreciseWords] (launch_precise_scatter)
   double cutoff_sq_d;             // c^2 (launch_precise_scatter)
   const unsigned long long* precise_count;  // launch_precise_scatter: the work items listed by setup
@@ -157,9 +155,7 @@ struct ScatterArgs {
   int64_t precise_capacity;
 };
 // Adds every kScatter Gaussian's terms to `out` (exact mode): one warp per Gaussian, one lane per
-// column of its cutoff box, global atomic adds (vectors of 4 along z where allowed); with vector atomics and
-// boxes at least spread_depth voxels deep, the columns' runs of four are then spread over the lanes, one column's
-// runs on neighbouring lanes (so that they reach the L2 in one request).
+// column of its cutoff box, global atomic adds (vectors of 4 along z where allowed).
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
 // Adds every kPreciseScatter Gaussian's terms to `out` (exact mode), like launch_scatter but with the
 // column intervals and the terms in float64, as the tiled kernels' float64 path computes them: thin
