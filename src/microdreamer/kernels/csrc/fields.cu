@@ -8,7 +8,6 @@
 // whose float32 rounding stays relative as long as the Gaussian is not too thin against its own box
 // (the class test below); thinner Gaussians take a float64 path ("precise").
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -1244,12 +1243,7 @@ cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_ti
 
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return cudaSuccess;
-  int blocks = blocks_for(a.n * 32, 256);
-  if (const char* w = std::getenv("MD_SCATTER_WAVES")) {  // EXPERIMENT (round 11): persistent warps
-    const int k = std::atoi(w);
-    if (k > 0) blocks = std::min(blocks, multiprocessors() * 5 * k);
-  }
-  scatter_kernel<<<blocks, 256, 0, stream>>>(a);
+  scatter_kernel<<<blocks_for(a.n * 32, 256), 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
