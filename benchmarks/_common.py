@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -55,6 +58,13 @@ def hardware(**extra) -> dict:
         pass
     info.update(extra)
     return info
+
+
+def save_result(path: str | Path, payload: dict) -> None:
+    """Writes ``payload`` as JSON to ``path`` after the command line that made it and :func:`hardware`."""
+    doc = {"command": "python " + shlex.join(sys.argv), "hardware": hardware(), **payload}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
 
 
 def time_ms(fn, warmup: int = 1, reps: int = 10) -> list[float]:

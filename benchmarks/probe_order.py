@@ -11,15 +11,12 @@ depend on the order beyond rounding (the relative difference to the first is pri
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-from _common import hardware  # benchmarks/ is on sys.path when run as a script
+from _common import save_result  # benchmarks/ is on sys.path when run as a script
 from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.field.common import PreparedGaussians
 from microdreamer.kernels import extract_fields
@@ -97,9 +94,7 @@ def main() -> None:
         print(f"{name} @ {r}: " + "; ".join(f"{k} {v:.3f} ms" for k, v in row["ms"].items()), flush=True)
         report.append(row)
     if args.json:
-        command = "python benchmarks/probe_order.py " + shlex.join(sys.argv[1:])
-        with open(args.json, "w") as f:
-            json.dump({"command": command, "hardware": hardware(), "cases": report}, f, indent=1)
+        save_result(args.json, {"cases": report})
 
 
 if __name__ == "__main__":

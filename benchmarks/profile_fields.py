@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from _common import hardware  # benchmarks/ is on sys.path when run as a script
+from _common import save_result  # benchmarks/ is on sys.path when run as a script
 from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.kernels import extract_fields
 from microdreamer.splat import read_ply
@@ -113,9 +110,7 @@ def main() -> None:
         report.append({"case": case, "kwargs": extra, "calls": args.calls, "span_us": span, "spans_us": spans,
                        "host_us_per_call": host_us, "ops": rows})  # fmt: skip
     if args.json:
-        command = "python benchmarks/profile_fields.py " + shlex.join(sys.argv[1:])
-        with open(args.json, "w") as f:
-            json.dump({"command": command, "hardware": hardware(), "cases": report}, f, indent=1)
+        save_result(args.json, {"cases": report})
 
 
 if __name__ == "__main__":
