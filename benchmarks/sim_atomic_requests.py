@@ -22,8 +22,7 @@ import sys
 
 import numpy as np
 
-from microdreamer.field import FieldConfig, prepare_gaussians
-from microdreamer.synthetic import make_synthetic_object
+from _common import synthetic_arrays, voxel_boxes  # benchmarks/ is on sys.path when run as a script
 
 REQUEST, ATOMIC = 0.6e-11, 0.37e-11  # seconds per request and per 16-byte atomic in it (H200, round 11)
 BRICKS = [(2, 2, 8), (1, 4, 8), (2, 4, 4)]
@@ -33,14 +32,9 @@ def main() -> None:
     r = int(sys.argv[1]) if len(sys.argv) > 1 else 128
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 50_000
     sample = int(sys.argv[3]) if len(sys.argv) > 3 else 5000
-    cfg = FieldConfig(resolution=r, mode="exact")
-    p, _ = prepare_gaussians(make_synthetic_object(n, seed=0), cfg)
-    mu = p.means.double().numpy()
-    rad = p.radii.double().numpy()
-    m = p.transforms.double().numpy()
+    cfg, mu, rad, m = synthetic_arrays(r, n)
     h = 2.0 / (r - 1)
-    lo = np.clip(np.ceil((mu - rad + 1) / h - 1e-9), 0, r - 1).astype(int)
-    hi = np.clip(np.floor((mu + rad + 1) / h + 1e-9), 0, r - 1).astype(int)
+    lo, hi = voxel_boxes(mu, rad, r)
     scatter = np.flatnonzero(np.prod(hi - lo + 1, axis=1) <= 4096)
     rng = np.random.default_rng(0)
     picked = rng.choice(scatter, size=min(sample, len(scatter)), replace=False)

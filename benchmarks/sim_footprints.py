@@ -15,8 +15,7 @@ import sys
 
 import numpy as np
 
-from microdreamer.field import FieldConfig, prepare_gaussians
-from microdreamer.synthetic import make_synthetic_object
+from _common import synthetic_arrays, voxel_boxes  # benchmarks/ is on sys.path when run as a script
 
 SHAPES = [(8, 4, 32), (8, 4, 64), (8, 8, 32), (16, 4, 32), (16, 8, 32), (16, 16, 32), (8, 4, 16)]
 
@@ -25,18 +24,14 @@ def main() -> None:
     sample = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
     r = int(sys.argv[2]) if len(sys.argv) > 2 else 512
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 1_000_000
-    cfg = FieldConfig(resolution=r, mode="exact")
-    p, _ = prepare_gaussians(make_synthetic_object(n, seed=0), cfg)
+    cfg, mu, rad, m = synthetic_arrays(r, n)
     rng = np.random.default_rng(0)
-    idx = rng.choice(len(p), size=min(sample, len(p)), replace=False)
-    mu = p.means.double().numpy()[idx]
-    rad = p.radii.double().numpy()[idx]
-    m = p.transforms.double().numpy()[idx]
+    idx = rng.choice(len(mu), size=min(sample, len(mu)), replace=False)
+    mu, rad, m = mu[idx], rad[idx], m[idx]
     prec = np.einsum("nki,nkj->nij", m, m)  # q = d^T P d
     cut = float(cfg.cutoff_sq)
     h = 2.0 / (r - 1)
-    lo = np.clip(np.ceil((mu - rad + 1) / h - 1e-3), 0, r - 1).astype(int)
-    hi = np.clip(np.floor((mu + rad + 1) / h + 1e-3), 0, r - 1).astype(int)
+    lo, hi = voxel_boxes(mu, rad, r)
     visits = {s: 0 for s in SHAPES}
     chunks = {s: 0 for s in SHAPES}
     pairs = 0
@@ -80,8 +75,8 @@ def main() -> None:
                         for c in range(a_, b_ + 1):
                             reached.add((k_, c))
                     chunks[(fx, fy, tz)] += len(reached)
-    scale = len(p) / len(idx)
-    print(f"R {r}, N {len(p)}, sample {len(idx)}: in-cutoff pairs {pairs * scale:.3g}")
+    scale = n / len(idx)
+    print(f"R {r}, N {n}, sample {len(idx)}: in-cutoff pairs {pairs * scale:.3g}")
     print(
         "shape (FX x FY x TZ) | visits | chunk executions | pairs per visit | slots per pair (FX*FY*8 per chunk)"
     )

@@ -162,6 +162,15 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   // several blocks per tile (and, with overlap, the scatter kernels at the same time) add into the grid: zero it
   if (split) C10_CUDA_CHECK(cudaMemsetAsync(out.data_ptr<float>(), 0, static_cast<size_t>(r * r * r) * sizeof(float), stream));
 
+  // the tile grid, as SetupArgs (counting) and FillArgs (listing) both carry it
+  auto set_tiles = [&](auto& x) {
+    x.tile_x = 16;
+    x.tile_y = 16;
+    x.tile_z = static_cast<int>(tz);
+    x.ntx = static_cast<int>(ntx);
+    x.nty = static_cast<int>(nty);
+    x.ntz = static_cast<int>(ntz);
+  };
   microdreamer::SetupArgs s{};
   s.means = means.data_ptr<float>();
   s.opacities = opacities.data_ptr<float>();
@@ -177,12 +186,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   s.num_blocks_axis = exact ? 0 : static_cast<int>(lower.size(0));
   s.lower = exact ? nullptr : lower.data_ptr<double>();
   s.upper = exact ? nullptr : upper.data_ptr<double>();
-  s.tile_x = 16;
-  s.tile_y = 16;
-  s.tile_z = static_cast<int>(tz);
-  s.ntx = static_cast<int>(ntx);
-  s.nty = static_cast<int>(nty);
-  s.ntz = static_cast<int>(ntz);
+  set_tiles(s);
   s.tile_counts = fast ? counts : nullptr;
   s.scatter_max_voxels = scatter ? scatter_voxels : 0;
   s.scatter_precise = precise_scatter;
@@ -246,12 +250,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     microdreamer::FillArgs f{};
     f.params = params;
     f.n = n;
-    f.tile_x = 16;
-    f.tile_y = 16;
-    f.tile_z = static_cast<int>(tz);
-    f.ntx = static_cast<int>(ntx);
-    f.nty = static_cast<int>(nty);
-    f.ntz = static_cast<int>(ntz);
+    set_tiles(f);
     f.tz_begin = static_cast<int>(z0);
     f.tz_end = static_cast<int>(z1);
     f.tile_cursor = counts;

@@ -14,7 +14,7 @@ namespace microdreamer {
 //   [6..7]  g1, g2: the conditional centre zc = mu_z + g1 dx + g2 dy
 //   [8]     A = P_zz (the precision's zz entry), [9] log2(opacity)
 //   [10]    gfac = 2^(-2 K A h^2) (recurrence step factor), [11] thr = opacity * cutoff_tol
-//   [12]    class (int): kRecur, kDirect, kPrecise, kEmpty, kScatter
+//   [12]    class (int): kRecur, kDirect, kPrecise, kEmpty, kScatter, kPreciseScatter
 //   [13..18] voxel index ranges lo_x, hi_x, lo_y, hi_y, lo_z, hi_z (int; exact: the cutoff box,
 //            upstream: the union of the blocks whose grown box holds the centre)
 //   [19]    the Gaussian's index (for the float64 table), bit 31 set when its tiles are binned through the
@@ -146,7 +146,8 @@ struct ScatterArgs {
   int resolution;
   const float* axis;              // [>= R] grid coordinates
   float cutoff_sq;
-  float* out;                     // [R, R, R], already holding the tiled kernel's result
+  float* out;                     // [R, R, R]: added into, after the tiled kernel has written it or, with
+                                  // overlap, zeroed while the tiled kernel adds into it on another stream
   bool vec4;                      // R % 4 == 0, out and axis 16-byte aligned: 4-wide vector atomics
   const double* precise;          // [N, kPreciseWords] (launch_precise_scatter)
   double cutoff_sq_d;             // c^2 (launch_precise_scatter)
