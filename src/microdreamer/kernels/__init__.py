@@ -47,7 +47,6 @@ Summation order in ``fast`` follows the binning atomics, so repeated runs may di
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -221,12 +220,12 @@ def extract_fields(
     Raises:
         RuntimeError: the Gaussians are not on a CUDA device, or the kernels cannot be built.
     """
+    if impl not in IMPLS:
+        raise ValueError(f"unknown kernel implementation {impl!r}; use one of {', '.join(IMPLS)}")
+    variant = variant or default_variant(config)
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown fast-kernel variant {variant!r}; use one of 1, 2, 3")
     device = prepared.means.device
-    head, tail = _launch_plan(
-        impl, grid.resolution, config.resolution, config.mode, config.cutoff_tol, config.num_blocks,
-        config.relax_ratio, len(prepared), device, chunks, max_list_entries, variant, scatter_voxels, splits,
-        split_min_entries, sized_list, scatter_precise, max_precise_items, max_wide_items, overlap,
-    )  # fmt: skip
     if device.type != "cuda":
         raise RuntimeError(
             f"microdreamer.kernels.extract_fields needs the Gaussians on a CUDA device, got {device}; "
@@ -234,47 +233,8 @@ def extract_fields(
         )
     from microdreamer.kernels import _backend
 
-    # out=None: the binding allocates the grid
-    return _backend.load().extract_fields(
-        prepared.means, prepared.opacities, prepared.transforms, prepared.radii, *head, out, *tail
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _launch_plan(
-    impl: str,
-    r: int,
-    config_resolution: int,
-    mode: str,
-    cutoff_tol: float,
-    num_blocks: int,
-    relax_ratio: float,
-    n: int,
-    device: torch.device,
-    chunks: int | None,
-    max_list_entries: int,
-    variant: int | None,
-    scatter_voxels: int | None,
-    splits: int | None,
-    split_min_entries: int,
-    sized_list: bool | None,
-    scatter_precise: bool | None,
-    max_precise_items: int | None,
-    max_wide_items: int | None,
-    overlap: bool,
-) -> tuple[tuple, tuple]:
-    """The binding's arguments around ``out`` for one call signature, defaults resolved and checked: cached,
-    so that a repeated call (the same grid, settings and N) costs the wrapper a dictionary lookup, not the
-    ~10 us of Python that resolving them takes (``benchmarks/profile_host.py``)."""
-    config = FieldConfig(
-        resolution=config_resolution, mode=mode, num_blocks=num_blocks, relax_ratio=relax_ratio,
-        cutoff_tol=cutoff_tol,
-    )  # fmt: skip
-    if impl not in IMPLS:
-        raise ValueError(f"unknown kernel implementation {impl!r}; use one of {', '.join(IMPLS)}")
-    variant = variant or default_variant(config)
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown fast-kernel variant {variant!r}; use one of 1, 2, 3")
+    ext = _backend.load()
+    r = grid.resolution
     exact = config.mode == "exact"
     chunks = chunks or default_chunks(config)
     if scatter_voxels is None:
@@ -301,18 +261,18 @@ def _launch_plan(
             _tables[key] = torch.zeros(1, dtype=torch.float64, device=device)
         t, lower, upper = 1, _tables[key], _tables[key]
     else:
-        t, lower, upper = _block_tables(GridSpec(r, (0.0, 0.0, 0.0), 1.0), config, device)
-    head = (axis, lower, upper)
-    tail = (
-        r, exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
-        int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * n, 1 << 16)), int(scatter_voxels),
+        t, lower, upper = _block_tables(grid, config, device)
+    # out=None: the binding allocates the grid
+    return ext.extract_fields(
+        prepared.means, prepared.opacities, prepared.transforms, prepared.radii, axis, lower, upper, out, r,
+        exact, float(config.cutoff_sq), float(config.cutoff_tol), int(t), impl, int(chunks), int(max_list_entries),
+        int(variant), int(max(LIST_ENTRIES_PER_GAUSSIAN * len(prepared), 1 << 16)), int(scatter_voxels),
         int(splits), int(split_min_entries), bool(sized_list),
         bool(default_scatter_precise(config) if scatter_precise is None else scatter_precise),
-        int(PRECISE_ITEMS_PER_GAUSSIAN * n + (1 << 16) if max_precise_items is None else max_precise_items),
-        int(WIDE_ITEMS_PER_GAUSSIAN * n + (1 << 16) if max_wide_items is None else max_wide_items),
+        int(PRECISE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_precise_items is None else max_precise_items),
+        int(WIDE_ITEMS_PER_GAUSSIAN * len(prepared) + (1 << 16) if max_wide_items is None else max_wide_items),
         bool(overlap),
     )  # fmt: skip
-    return head, tail
 
 
 def gaussian_3d_coeff(xyzs: torch.Tensor, covs: torch.Tensor) -> torch.Tensor:

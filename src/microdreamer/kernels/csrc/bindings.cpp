@@ -45,17 +45,16 @@ struct Event {
   }
 };
 
-// Makes `stream` wait for everything queued on `side` so far when the scope ends (a return or an exception):
-// the call's stream never runs ahead of work on the second stream that still uses the call's workspace and grid.
+// Makes `stream` wait for `event` when the scope ends (a return or an exception): the call's stream never runs
+// ahead of work on a second stream that still uses the call's workspace and grid.
 struct StreamJoin {
   cudaStream_t stream = nullptr;
-  cudaStream_t side = nullptr;
-  cudaEvent_t event = nullptr;  // created by the owner, recorded on `side` here
+  cudaEvent_t event = nullptr;
   StreamJoin() = default;
   StreamJoin(const StreamJoin&) = delete;  // a copy would wait twice, a temporary at once
   StreamJoin& operator=(const StreamJoin&) = delete;
   ~StreamJoin() {
-    if (event != nullptr && cudaEventRecord(event, side) == cudaSuccess) cudaStreamWaitEvent(stream, event, 0);
+    if (event != nullptr) cudaStreamWaitEvent(stream, event, 0);
   }
 };
 
@@ -230,22 +229,19 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     }
   };
 
-  // overlap: the scatter kernels stay on the call's stream, right behind the setup kernel (the longest chain of a
-  // call on a small grid, so it starts first), and the tiles are binned and evaluated on a second stream
-  Event setup_done, tiled_done;
-  at::Tensor grown;  // a sized list (below): declared before `join`, so freed after the call's stream waits
-  StreamJoin join;   // after the events, the workspace and `grown`: destroyed (and waiting) before them
-  cudaStream_t tiles = stream;
+  Event scattered;
+  StreamJoin join;  // after `scattered` and the workspace: destroyed (and waiting) before them
   if (overlap) {
-    tiles = c10::cuda::getStreamFromPool(false, device.index()).stream();
+    const cudaStream_t side = c10::cuda::getStreamFromPool(false, device.index()).stream();
+    Event setup_done;
     setup_done.create();
+    scattered.create();
     C10_CUDA_CHECK(cudaEventRecord(setup_done.e, stream));
-    add_scattered(stream);
-    C10_CUDA_CHECK(cudaStreamWaitEvent(tiles, setup_done.e, 0));
-    tiled_done.create();
+    C10_CUDA_CHECK(cudaStreamWaitEvent(side, setup_done.e, 0));
+    add_scattered(side);
+    C10_CUDA_CHECK(cudaEventRecord(scattered.e, side));
     join.stream = stream;
-    join.side = tiles;
-    join.event = tiled_done.e;
+    join.event = scattered.e;
   }
 
   // the binning's arguments (fill) for the tiles of z-slabs [z0, z1), whose list entries start at position
@@ -268,7 +264,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   };
   if (fast) {
     // the tiles of the wide boxes listed by setup
-    C10_CUDA_CHECK(microdreamer::launch_count_wide(fill_args(nullptr, 0, ntz, 0), tiles));
+    C10_CUDA_CHECK(microdreamer::launch_count_wide(fill_args(nullptr, 0, ntz, 0), stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
@@ -299,23 +295,24 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     plan.split_min = split_min;
     plan.splits = static_cast<int>(splits);
   }
-  C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, tiles));
+  C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // variants 2, 3 with sized_list: read the number of (tile, Gaussian) entries back (one synchronisation)
   // and, where they overflow the fixed capacity, bin into a list of that size, so that no tile has to
   // scan every Gaussian (the split plan is then redone for the new capacity)
   int* v2_list = variant >= 2 ? reinterpret_cast<int*>(ws_base + o_list) : nullptr;  // naive returned above
+  at::Tensor grown;
   if (variant >= 2 && sized_list) {
     int64_t total = 0;
-    C10_CUDA_CHECK(cudaMemcpyAsync(&total, tile_end + n_tiles - 1, sizeof(int64_t), cudaMemcpyDeviceToHost, tiles));
-    C10_CUDA_CHECK(cudaStreamSynchronize(tiles));
+    C10_CUDA_CHECK(cudaMemcpyAsync(&total, tile_end + n_tiles - 1, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
     if (total > capacity && total <= max_list_entries) {
       grown = at::empty({total}, means.options().dtype(at::kInt));
       v2_list = grown.data_ptr<int>();
       capacity = total;
       if (split) {
         plan.capacity = capacity;
-        C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, tiles));
+        C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, stream));
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     }
@@ -348,7 +345,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     // sizes, so the call is a fixed sequence of asynchronous launches; tiles whose entries do not fit
     // scan every Gaussian
     const microdreamer::FillArgs f = fill_args(v2_list, 0, ntz, 0);
-    C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, tiles));
+    C10_CUDA_CHECK(microdreamer::launch_fill_bounded(f, capacity, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     microdreamer::FastArgs a = fast_args(v2_list, 0, 0);
     if (split) {  // the grid was zeroed before the setup kernel
@@ -358,9 +355,9 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
       a.always_add = overlap;
     }
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
-                                                n, variant == 3, tiles));
+                                                n, variant == 3, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (!overlap) add_scattered(stream);  // else `join` makes the call's stream wait for the tiles' stream
+    if (!overlap) add_scattered(stream);  // else `join` makes the call's stream wait for the second one
     return out;
   }
   // variant 1: the host reads the entries per z-slab of tiles to size and chunk the lists (a sync)
