@@ -18,26 +18,10 @@ import statistics
 
 import torch
 
-from _common import save_result  # benchmarks/ is on sys.path when run as a script
+from _common import save_result, time_ms  # benchmarks/ is on sys.path when run as a script
 from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.kernels import extract_fields
 from microdreamer.synthetic import make_synthetic_object
-
-
-def median_ms(fn, reps: int) -> float:
-    """Median CUDA-event milliseconds of one call on an idle GPU, after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def probe(n: int, r: int, tol: float) -> dict:
@@ -49,7 +33,11 @@ def probe(n: int, r: int, tol: float) -> dict:
     det = torch.linalg.det(prepared.transforms.double()).abs()
     pairs = float((4.0 / 3.0 * math.pi * c**3 / det).sum()) / h**3
     out = torch.empty((r, r, r), device="cuda")
-    ms = median_ms(lambda: extract_fields(prepared, grid, cfg, "fast", out=out), reps=21 if r <= 256 else 7)
+    ms = statistics.median(
+        time_ms(
+            lambda: extract_fields(prepared, grid, cfg, "fast", out=out), warmup=2, reps=21 if r <= 256 else 7
+        )
+    )
     row = {"case": f"{n}x{r}", "cutoff_tol": tol, "c": c, "pairs": pairs, "fast_ms": ms}
     if r <= 128:
         fast = extract_fields(prepared, grid, cfg, "fast")

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from _common import save_result  # benchmarks/ is on sys.path when run as a script
+from _common import save_result, time_ms  # benchmarks/ is on sys.path when run as a script
 from microdreamer.field import FieldConfig, prepare_gaussians
 from microdreamer.kernels import _backend, extract_fields
 from microdreamer.synthetic import make_synthetic_object
@@ -36,20 +36,6 @@ def host_us(fn, calls: int) -> float:
     dt = time.perf_counter() - t0
     torch.cuda.synchronize()
     return dt / calls * 1e6
-
-
-def latency_ms(fn, reps: int = 41) -> float:
-    """Median CUDA-event milliseconds of one call on an idle GPU (as bench_fields.py times it)."""
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def runtime_calls(fn, calls: int = 20) -> list[dict]:
@@ -109,8 +95,8 @@ def profile_case(ext, case: str, calls: int) -> dict:
         "host_us_wrapper": host_us(wrapper, calls),
         "host_us_binding": host_us(direct, calls),
         "host_us_early_return": host_us(early, calls),
-        "latency_ms_wrapper": latency_ms(wrapper),
-        "latency_ms_binding": latency_ms(direct),
+        "latency_ms_wrapper": statistics.median(time_ms(wrapper, warmup=0, reps=41)),
+        "latency_ms_binding": statistics.median(time_ms(direct, warmup=0, reps=41)),
         "runtime_calls": runtime_calls(wrapper),
     }
 
