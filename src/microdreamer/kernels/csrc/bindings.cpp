@@ -97,7 +97,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   check_shape(out, "out", {r, r, r});
   TORCH_CHECK(n < (int64_t(1) << 31), "at most 2^31 - 1 Gaussians, got ", n);
   TORCH_CHECK(impl == "fast" || impl == "naive", "impl must be 'fast' or 'naive', got '", impl, "'");
-  TORCH_CHECK(variant >= 1 && variant <= 3, "variant must be 1, 2 or 3, got ", variant);
+  TORCH_CHECK(variant == 1 || variant == 2, "variant must be 1 or 2, got ", variant);
   TORCH_CHECK(scatter_voxels >= 0, "scatter_voxels must be >= 0, got ", scatter_voxels);
   TORCH_CHECK(splits >= 1 && splits <= 64, "splits must be in [1, 64], got ", splits);
   TORCH_CHECK(split_min >= 1, "split_min must be >= 1, got ", split_min);
@@ -134,7 +134,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   // kernel's classes: they run on a second stream while the tiles are binned and evaluated
   const bool overlap = overlap_scatter && split && (scatter || precise_scatter);
   // one workspace: parameters, float64 table, tile ends, then int32 arrays: the tile counts (zeroed), the
-  // split kernel's counters and work items, the tiles' list (variants 2, 3)
+  // split kernel's counters and work items, the tiles' list (variant 2)
   Workspace ws;
   const int64_t o_params = ws.add(n * kParamWords, sizeof(float));
   const int64_t o_precise = ws.add(n * kPreciseWords, sizeof(double));
@@ -147,7 +147,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   const int64_t o_wide_items = ws.add(fast ? wide_capacity : 0, sizeof(int64_t));
   const int64_t o_counters = ws.add(2, sizeof(int));
   const int64_t o_work = ws.add(split ? n_tiles * splits : 0, sizeof(int));
-  const int64_t o_list = ws.add(fast && variant >= 2 ? capacity : 0, sizeof(int));
+  const int64_t o_list = ws.add(fast && variant == 2 ? capacity : 0, sizeof(int));
   at::Tensor workspace = at::empty({ws.bytes}, means.options().dtype(at::kByte));
   char* ws_base = reinterpret_cast<char*>(workspace.data_ptr<uint8_t>());
   float* params = reinterpret_cast<float*>(ws_base + o_params);
@@ -297,12 +297,12 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   }
   C10_CUDA_CHECK(microdreamer::launch_scan(counts, tile_end, n_tiles, plan, stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // variants 2, 3 with sized_list: read the number of (tile, Gaussian) entries back (one synchronisation)
+  // variant 2 with sized_list: read the number of (tile, Gaussian) entries back (one synchronisation)
   // and, where they overflow the fixed capacity, bin into a list of that size, so that no tile has to
   // scan every Gaussian (the split plan is then redone for the new capacity)
-  int* v2_list = variant >= 2 ? reinterpret_cast<int*>(ws_base + o_list) : nullptr;  // naive returned above
+  int* v2_list = variant == 2 ? reinterpret_cast<int*>(ws_base + o_list) : nullptr;  // naive returned above
   at::Tensor grown;
-  if (variant >= 2 && sized_list) {
+  if (variant == 2 && sized_list) {
     int64_t total = 0;
     C10_CUDA_CHECK(cudaMemcpyAsync(&total, tile_end + n_tiles - 1, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
     C10_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -340,7 +340,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
     a.split_min = split_min;
     return a;
   };
-  if (variant >= 2) {
+  if (variant == 2) {
     // one list of fixed capacity for all tiles (unless sized_list grew it above): no host read of the
     // sizes, so the call is a fixed sequence of asynchronous launches; tiles whose entries do not fit
     // scan every Gaussian
@@ -355,7 +355,7 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
       a.always_add = overlap;
     }
     C10_CUDA_CHECK(microdreamer::launch_fast_v2(a, exact, static_cast<int>(chunks), static_cast<int>(n_tiles), capacity,
-                                                n, variant == 3, stream));
+                                                n, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (!overlap) add_scattered(stream);  // else `join` makes the call's stream wait for the second one
     return out;
@@ -395,45 +395,8 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   return out;
 }
 
-at::Tensor gaussian_3d_coeff(const at::Tensor& xyzs, const at::Tensor& covs) {
-  TORCH_CHECK(xyzs.is_cuda(), "gaussian_3d_coeff: xyzs must be a CUDA tensor, got ", xyzs.device());
-  const at::Device device = xyzs.device();
-  const c10::cuda::CUDAGuard guard(device);
-  const auto dtype = xyzs.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, "xyzs must be float32 or float64, got ", dtype);
-  check_tensor(xyzs, "xyzs", dtype, device);
-  check_tensor(covs, "covs", dtype, device);
-  const int64_t m = xyzs.size(0);
-  check_shape(xyzs, "xyzs", {m, 3});
-  check_shape(covs, "covs", {m, 6});
-  at::Tensor out = at::empty({m}, xyzs.options());
-  if (m == 0) return out;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (dtype == at::kFloat) {
-    C10_CUDA_CHECK(microdreamer::launch_coeff_f32(xyzs.data_ptr<float>(), covs.data_ptr<float>(),
-                                                  out.data_ptr<float>(), m, stream));
-  } else {
-    C10_CUDA_CHECK(microdreamer::launch_coeff_f64(xyzs.data_ptr<double>(), covs.data_ptr<double>(),
-                                                  out.data_ptr<double>(), m, stream));
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
-
-at::Tensor exp2_probe(int64_t threads, int64_t iters) {
-  TORCH_CHECK(threads > 0 && iters > 0, "threads and iters must be positive, got ", threads, " and ", iters);
-  at::Tensor out = at::empty({threads}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
-  const c10::cuda::CUDAGuard guard(out.device());
-  C10_CUDA_CHECK(microdreamer::launch_exp2_probe(out.data_ptr<float>(), threads, static_cast<int>(iters),
-                                                 c10::cuda::getCurrentCUDAStream()));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("extract_fields", &extract_fields, "density field on a grid (see microdreamer.kernels.extract_fields)");
-  m.def("gaussian_3d_coeff", &gaussian_3d_coeff, "fused gaussian_3d_coeff (float64 internally)");
-  m.def("exp2_probe", &exp2_probe, "benchmark probe: threads x iters x 8 ex2.approx");
 }

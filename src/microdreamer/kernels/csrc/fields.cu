@@ -280,7 +280,7 @@ __device__ Setup setup_one(const SetupArgs& a, int64_t g) {
   const double bm = (fabs(g1) * rad[0] + fabs(g2) * rad[1]) * sa;
   const double bz = rad[2] * sa;
   const bool well = b1 <= 8.0 * c && bm <= 8.0 * c && bz <= 8.0 * c && A < 1e30 && l11 < 1e15 && l22 < 1e15;
-  // the z recurrence needs sigma_{z|xy} >= 2 voxels (A h^2 <= 1/4): see NOTES_fields.md
+  // the z recurrence needs sigma_{z|xy} >= 2 voxels (A h^2 <= 1/4): see benchmarks/README.md
   int cls = empty ? kEmpty : (!well ? kPrecise : ((a.exact && A * a.h * a.h <= 0.25) ? kRecur : kDirect));
   if (a.exact && a.scatter_max_voxels > 0 && (cls == kRecur || cls == kDirect)) {
     const int64_t vol = static_cast<int64_t>(s.hi[0] - s.lo[0] + 1) * (s.hi[1] - s.lo[1] + 1) * (s.hi[2] - s.lo[2] + 1);
@@ -670,65 +670,6 @@ __device__ __forceinline__ void process(const float4* s, const FastArgs& a, int 
   }
 }
 
-// Two kRecur Gaussians at once (exact mode): the same arithmetic as process()'s recurrence for each,
-// interleaved so that the two dependent chains overlap. A chunk that only one of them reaches runs
-// the other's chain with v = 0 (adds nothing). Per voxel the sum order is a then b, as when
-// process() is called for a, then b.
-template <int NCH>
-__device__ __forceinline__ void process_pair_recur(const float4* sa, const float4* sb, const FastArgs& a, float xi,
-                                                   float yj, int k0, const float* zk, const float (&h1)[NCH],
-                                                   float (&acc)[8 * NCH]) {
-  float muzA, mA, q2A, AA, lcA, gA, thrA, muzB, mB, q2B, AB, lcB, gB, thrB;
-  int lozA, hizA, lozB, hizB;
-#pragma unroll
-  for (int w = 0; w < 2; ++w) {
-    const float4* s = w ? sb : sa;
-    const float4 p0 = s[0], p1 = s[1], p2 = s[2], p4 = s[4];
-    const float dx = xi - p0.x, dy = yj - p0.y;
-    const float u1 = fmaf(p0.w, dx, p1.x * dy), u2 = p1.y * dy;
-    const float q2 = fmaf(u1, u1, u2 * u2);
-    const float m = fmaf(p1.z, dx, p1.w * dy);
-    const float lc = fmaf(-kK, q2, p2.y);
-    if (w == 0) {
-      muzA = p0.z; mA = m; q2A = q2; AA = p2.x; lcA = lc; gA = p2.z; thrA = p2.w;
-      lozA = __float_as_int(p4.y); hizA = __float_as_int(p4.z);
-    } else {
-      muzB = p0.z; mB = m; q2B = q2; AB = p2.x; lcB = lc; gB = p2.z; thrB = p2.w;
-      lozB = __float_as_int(p4.y); hizB = __float_as_int(p4.z);
-    }
-  }
-  const float cut = a.cutoff_sq * 1.0001f;
-  const float nkaA = -kK * AA, nkaB = -kK * AB;
-#pragma unroll
-  for (int c = 0; c < NCH; ++c) {
-    const int kc = k0 + 8 * c;
-    const bool inA = !(kc > hizA || kc + 7 < lozA), inB = !(kc > hizB || kc + 7 < lozB);
-    if (!inA && !inB) continue;
-    const float z0 = zk[8 * c], z7 = zk[8 * c + 7];
-    const float t0A = (z0 - muzA) - mA, t7A = (z7 - muzA) - mA;
-    const float t0B = (z0 - muzB) - mB, t7B = (z7 - muzB) - mB;
-    const float tcA = fmaxf(t0A, fminf(t7A, 0.f)), tcB = fmaxf(t0B, fminf(t7B, 0.f));
-    const bool goA = inA && __any_sync(kFull, fmaf(AA * tcA, tcA, q2A) <= cut);
-    const bool goB = inB && __any_sync(kFull, fmaf(AB * tcB, tcB, q2B) <= cut);
-    if (!goA && !goB) continue;
-    float vA = goA ? ex2(fmaf(nkaA * t0A, t0A, lcA)) : 0.f;
-    float rA = goA ? ex2(fminf(nkaA * h1[c] * fmaf(2.f, t0A, h1[c]), 64.f)) : 0.f;
-    float vB = goB ? ex2(fmaf(nkaB * t0B, t0B, lcB)) : 0.f;
-    float rB = goB ? ex2(fminf(nkaB * h1[c] * fmaf(2.f, t0B, h1[c]), 64.f)) : 0.f;
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      float x = acc[8 * c + jj];
-      if (vA >= thrA) x += vA;
-      if (vB >= thrB) x += vB;
-      acc[8 * c + jj] = x;
-      vA *= rA;
-      rA *= gA;
-      vB *= rB;
-      rB *= gB;
-    }
-  }
-}
-
 // One warp's part of a tile: the 8 x 4 columns [fi0, fi0 + 8) x [fj0, fj0 + 4), z from k0; the lane's column (i, j).
 struct WarpFootprint {
   int lane, fi0, fj0, i, j, k0;
@@ -755,10 +696,9 @@ __device__ __forceinline__ FootprintCoords footprint_coords(const FastArgs& a, c
 
 // The tiled kernels' loop over a tile's Gaussians: list entries [start, end) (entry e is Gaussian e itself
 // when scan_all) are staged 256 at a time in s_par (5 float4 per Gaussian); each warp culls them 32 at a
-// time against its footprint and adds the survivors, in list order, to the lane's column acc. PAIR (exact
-// mode, variant 3): two kRecur survivors in a row are evaluated together by process_pair_recur().
+// time against its footprint and adds the survivors, in list order, to the lane's column acc.
 // zk: the tile's 8 * NCH z coordinates (registers or shared memory), h1: the first spacing of each chunk.
-template <int NCH, bool EXACT, bool PAIR>
+template <int NCH, bool EXACT>
 __device__ __forceinline__ void accumulate_tile(const FastArgs& a, float4* s_par, int64_t start, int64_t end,
                                                 bool scan_all, const WarpFootprint& f, const FootprintCoords& c,
                                                 const float* zk, const float (&h1)[NCH], float (&acc)[8 * NCH]) {
@@ -781,16 +721,6 @@ __device__ __forceinline__ void accumulate_tile(const FastArgs& a, float4* s_par
       while (mask) {
         const int bit = __ffs(mask) - 1;
         mask &= mask - 1;
-        if (PAIR && EXACT && mask) {
-          const int bit2 = __ffs(mask) - 1;
-          const float4* sa = s_par + (sb + bit) * 5;
-          const float4* sb2 = s_par + (sb + bit2) * 5;
-          if (__float_as_int(sa[3].x) == kRecur && __float_as_int(sb2[3].x) == kRecur) {
-            mask &= mask - 1;
-            process_pair_recur<NCH>(sa, sb2, a, c.xi, c.yj, f.k0, zk, h1, acc);
-            continue;
-          }
-        }
         process<NCH, EXACT>(s_par + (sb + bit) * 5, a, f.i, f.j, f.k0, c.xi, c.yj, zk, h1, acc);
       }
     }
@@ -860,7 +790,7 @@ __global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
   for (int ch = 0; ch < NCH; ++ch) h1[ch] = zk[8 * ch + 1] - zk[8 * ch];
   const int64_t start = (tile == 0 ? 0 : a.tile_end[tile - 1]) - a.base;
   const int64_t end = a.tile_end[tile] - a.base;
-  accumulate_tile<NCH, EXACT, false>(a, s_par, start, end, false, f, c, zk, h1, acc);
+  accumulate_tile<NCH, EXACT>(a, s_par, start, end, false, f, c, zk, h1, acc);
   const int r = a.resolution;
   if (f.i < r && f.j < r) {
     float* dst = a.out + (static_cast<int64_t>(f.i) * r + f.j) * r + f.k0;
@@ -869,7 +799,7 @@ __global__ void __launch_bounds__(256) fast_kernel(const FastArgs a) {
 }
 
 // One block's work in fast_kernel_v2 (below): tile `tile`, and with SPLIT its slice `split` of the tile's list.
-template <int NCH, bool EXACT, bool PAIR, bool SPLIT>
+template <int NCH, bool EXACT, bool SPLIT>
 __device__ __forceinline__ void v2_tile(const FastArgs& a, int tile, int split, int64_t capacity, int64_t n,
                                         float4* s_par, float* s_z) {
   constexpr int TZ = 8 * NCH;
@@ -906,7 +836,7 @@ __device__ __forceinline__ void v2_tile(const FastArgs& a, int tile, int split, 
     float h1[NCH];
 #pragma unroll
     for (int ch = 0; ch < NCH; ++ch) h1[ch] = s_z[8 * ch + 1] - s_z[8 * ch];
-    accumulate_tile<NCH, EXACT, PAIR>(a, s_par, start, end, scan_all, f, c, s_z, h1, acc);
+    accumulate_tile<NCH, EXACT>(a, s_par, start, end, scan_all, f, c, s_z, h1, acc);
   }
   if (f.i < r && f.j < r) {
     if (SPLIT && add) add_column<TZ>(dst, vec, f.k0, r, acc);
@@ -924,13 +854,13 @@ __device__ __forceinline__ void v2_tile(const FastArgs& a, int tile, int split, 
 // coarse grid) then no longer run on a few blocks while the other SMs idle. The (tile, slice) items are listed
 // by the scan kernel (SplitPlan) and taken by a grid of about one wave of blocks, in order, from a counter:
 // empty tiles cost nothing (one block per possible slice cost ~20 us of block waves at 128^3).
-template <int NCH, bool EXACT, int MINB, bool PAIR, bool SPLIT>
+template <int NCH, bool EXACT, int MINB, bool SPLIT>
 __global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, int64_t capacity, int64_t n) {
   constexpr int TZ = 8 * NCH;
   __shared__ float4 s_par[256 * 5];
   __shared__ float s_z[TZ];
   if (!SPLIT) {
-    v2_tile<NCH, EXACT, PAIR, false>(a, blockIdx.x, 0, capacity, n, s_par, s_z);
+    v2_tile<NCH, EXACT, false>(a, blockIdx.x, 0, capacity, n, s_par, s_z);
     return;
   }
   __shared__ int s_item;
@@ -942,7 +872,7 @@ __global__ void __launch_bounds__(256, MINB) fast_kernel_v2(const FastArgs a, in
     const int w = s_item;
     if (w >= items) return;
     const int item = a.work[w];
-    v2_tile<NCH, EXACT, PAIR, true>(a, item / kMaxSplits, item % kMaxSplits, capacity, n, s_par, s_z);
+    v2_tile<NCH, EXACT, true>(a, item / kMaxSplits, item % kMaxSplits, capacity, n, s_par, s_z);
   }
 }
 
@@ -1200,7 +1130,7 @@ cudaError_t launch_fill_bounded(const FillArgs& a, int64_t capacity, cudaStream_
   return cudaGetLastError();
 }
 
-template <bool PAIR, bool SPLIT>
+template <bool SPLIT>
 static cudaError_t launch_fast_v2_t(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
                              cudaStream_t stream) {
   const int splits = SPLIT ? a.splits : 1;
@@ -1217,15 +1147,15 @@ static cudaError_t launch_fast_v2_t(const FastArgs& a, bool exact, int chunks, i
   const dim3 grid(blocks), block(256);
   if (exact) {
     switch (chunks) {
-      case 1: fast_kernel_v2<1, true, kMinBlocks1, PAIR, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
-      case 2: fast_kernel_v2<2, true, kMinBlocks2, PAIR, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
-      case 4: fast_kernel_v2<4, true, kMinBlocks4, PAIR, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 1: fast_kernel_v2<1, true, kMinBlocks1, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 2: fast_kernel_v2<2, true, kMinBlocks2, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 4: fast_kernel_v2<4, true, kMinBlocks4, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
       default: return cudaErrorInvalidValue;
     }
   } else {
     switch (chunks) {
-      case 1: fast_kernel_v2<1, false, kMinBlocks1, false, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
-      case 2: fast_kernel_v2<2, false, kMinBlocks2, false, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 1: fast_kernel_v2<1, false, kMinBlocks1, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
+      case 2: fast_kernel_v2<2, false, kMinBlocks2, SPLIT><<<grid, block, 0, stream>>>(a, capacity, n); break;
       default: return cudaErrorInvalidValue;
     }
   }
@@ -1233,12 +1163,10 @@ static cudaError_t launch_fast_v2_t(const FastArgs& a, bool exact, int chunks, i
 }
 
 cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
-                           bool pair, cudaStream_t stream) {
+                           cudaStream_t stream) {
   if (num_tiles <= 0) return cudaSuccess;
-  // variant 3 (pair) never splits
-  if (pair) return launch_fast_v2_t<true, false>(a, exact, chunks, num_tiles, capacity, n, stream);
-  return a.splits > 1 ? launch_fast_v2_t<false, true>(a, exact, chunks, num_tiles, capacity, n, stream)
-                      : launch_fast_v2_t<false, false>(a, exact, chunks, num_tiles, capacity, n, stream);
+  return a.splits > 1 ? launch_fast_v2_t<true>(a, exact, chunks, num_tiles, capacity, n, stream)
+                      : launch_fast_v2_t<false>(a, exact, chunks, num_tiles, capacity, n, stream);
 }
 
 cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream) {

@@ -165,17 +165,8 @@ cudaError_t launch_scatter(const ScatterArgs& a, cudaStream_t stream);
 cudaError_t launch_precise_scatter(const ScatterArgs& a, cudaStream_t stream);
 // v2 ("fast" variant 2): one list of `capacity` entries for every tile (FillArgs.base and tz range
 // unused); tiles whose entries end past the capacity scan all n Gaussians. No host synchronisation.
-// pair (exact mode): evaluate two z-recurrence Gaussians per warp step (variant 3).
 cudaError_t launch_fill_bounded(const FillArgs& a, int64_t capacity, cudaStream_t stream);
 cudaError_t launch_fast_v2(const FastArgs& a, bool exact, int chunks, int num_tiles, int64_t capacity, int64_t n,
-                           bool pair, cudaStream_t stream);
-
-// gaussian_3d_coeff: out[m] = exp(-0.5 d^T Sigma^-1 d) (analytic inverse, +1e-24 on the determinant,
-// positive exponent -> 0), computed in float64.
-cudaError_t launch_coeff_f32(const float* xyz, const float* cov, float* out, int64_t m, cudaStream_t stream);
-cudaError_t launch_coeff_f64(const double* xyz, const double* cov, double* out, int64_t m, cudaStream_t stream);
-
-// Benchmark probe: each of `threads` threads evaluates `iters` x 8 independent ex2.approx; out[threads].
-cudaError_t launch_exp2_probe(float* out, int64_t threads, int iters, cudaStream_t stream);
+                           cudaStream_t stream);
 
 }  // namespace microdreamer
