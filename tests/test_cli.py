@@ -3,6 +3,7 @@ mesh, and every bad input (one line, non-zero exit, no output file)."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -202,8 +203,8 @@ def test_bad_threshold_never_reached(tmp_path, capsys):
         tmp_path,
         capsys,
         ["mesh", tmp_path / "s.ply", "--threshold", 1e6, "--resolution", 24],
-        "never reaches the threshold",
-        "--threshold",
+        "never reaches the iso-level",
+        "lower threshold",
     )
 
 
@@ -261,3 +262,52 @@ def test_render_views_bad_mesh(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "none.obj" in err[0]
     assert not (tmp_path / "v").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# one source for the flags, their defaults, the help and the README
+
+
+def test_readme_synopsis_is_the_parser_s():
+    from microdreamer.cli import synopsis
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert synopsis() in readme, "README's command-line block differs from microdreamer.cli.synopsis()"
+
+
+def test_help_defaults_come_from_the_job_configs(capsys):
+    from microdreamer.cli import BY_NAME, build_parser
+    from microdreamer.config import get_path
+
+    parser = build_parser()
+    for cmd in BY_NAME.values():
+        with pytest.raises(SystemExit):
+            parser.parse_args([cmd.name, "--help"])
+        text = "".join(capsys.readouterr().out.split())  # argparse wraps lines, at hyphens too
+        for flag in cmd.flags:
+            value = get_path(cmd.job(), flag.path)
+            assert f"(default{'none' if value is None else value})" in text, (cmd.name, flag.name)
+    # reconstruct and demo mesh at 0.2, mesh at DreamGaussian's 1.0: the defaults shown follow each job
+    assert get_path(BY_NAME["demo"].job(), "export.mesh.threshold") == 0.2
+    assert get_path(BY_NAME["mesh"].job(), "mesh.threshold") == 1.0
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("microdreamer 0.1.0")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--threshold", "nan"], "--threshold nan: must be a finite number"),
+        (["--resolution", "1"], "--resolution 1: must be between 2 and 2048"),
+        (["--texture-size", "8"], "--texture-size 8: must be between 16 and 16384 texels"),
+        (["--decimate", "2"], "--decimate 2: must be at least 4 faces, or none"),
+    ],
+)
+def test_flag_values_checked_by_their_config_field(tmp_path, capsys, argv, message):
+    assert main(["mesh", str(tmp_path / "none.ply"), "-o", str(tmp_path / "out.glb"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {message}" and list(tmp_path.iterdir()) == []

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from microdreamer.config import MeshJobConfig, from_dict, load_preset, to_dict
+from microdreamer.config import ExportConfig, from_dict, load_preset, to_dict
 from microdreamer.errors import InputError
 from microdreamer.field import FieldConfig
 
@@ -10,7 +10,7 @@ PRESET = "src/microdreamer/presets/dreamgaussian.yaml"
 
 
 def test_defaults_are_documented_values():
-    cfg = MeshJobConfig()
+    cfg = ExportConfig()
     assert cfg.field == FieldConfig(
         resolution=128, mode="exact", num_blocks=16, relax_ratio=1.5, min_opacity=0.005
     )
@@ -21,15 +21,15 @@ def test_preset_loads_into_dataclasses(tmp_path):
     from pathlib import Path
 
     preset = Path(__file__).resolve().parents[1] / PRESET
-    cfg = load_preset(MeshJobConfig, preset)
+    cfg = load_preset(ExportConfig, preset)
     assert cfg.field.mode == "upstream" and cfg.field.resolution == 128
     assert cfg.mesh.decimate_target == 100_000
     assert isinstance(cfg.mesh.threshold, float)
 
 
 def test_round_trip():
-    cfg = from_dict(MeshJobConfig, {"field": {"resolution": 64}, "mesh": {"threshold": 2}})
-    again = from_dict(MeshJobConfig, to_dict(cfg))
+    cfg = from_dict(ExportConfig, {"field": {"resolution": 64}, "mesh": {"threshold": 2}})
+    again = from_dict(ExportConfig, to_dict(cfg))
     assert to_dict(again) == to_dict(cfg)
     assert dataclasses.is_dataclass(again.field)
 
@@ -38,8 +38,8 @@ def test_round_trip():
     "text,fragment",
     [
         ("field:\n  resolutoin: 64\n", "unknown FieldConfig field(s) resolutoin"),
-        ("field:\n  mode: fast\n", "unknown field mode 'fast'"),
-        ("field:\n  resolution: high\n", "expected int"),
+        ("field:\n  mode: fast\n", "FieldConfig.mode = 'fast': use one of exact, upstream"),
+        ("field:\n  resolution: high\n", "FieldConfig.resolution = 'high': must be an integer"),
         ("field: [1, 2\n", "not valid YAML"),
     ],
 )
@@ -47,17 +47,17 @@ def test_bad_presets_say_what_and_where(tmp_path, text, fragment):
     p = tmp_path / "bad.yaml"
     p.write_text(text)
     with pytest.raises(InputError) as e:
-        load_preset(MeshJobConfig, p)
+        load_preset(ExportConfig, p)
     assert fragment in str(e.value) and str(p) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_cli_flags_override_the_preset(tmp_path):
-    from microdreamer.cli import _job_config, build_parser
+    from microdreamer.cli import build_parser, job_config
 
     p = tmp_path / "p.yaml"
     p.write_text("field:\n  resolution: 40\n  mode: upstream\nmesh:\n  threshold: 0.5\n")
     args = build_parser().parse_args(
         ["mesh", "x.ply", "-o", "y.glb", "--config", str(p), "--resolution", "50"]
     )
-    cfg = _job_config(args)
+    cfg = job_config(args)
     assert (cfg.field.resolution, cfg.field.mode, cfg.mesh.threshold) == (50, "upstream", 0.5)

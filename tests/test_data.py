@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from microdreamer.cameras import orbit_cameras
+from microdreamer.config import ViewsConfig
 from microdreamer.data import Normalization, load_dataset, render_views, save_dataset, view_angles
 from microdreamer.errors import InputError
 from microdreamer.mesh import Mesh
-from microdreamer.mesh_io import load_textured_mesh
+from microdreamer.mesh.load import load_textured_mesh
 from microdreamer.render.mesh import render_mesh
 
 SAMPLES = Path(__file__).parents[1] / ".." / "shared" / "samples"
@@ -253,7 +254,10 @@ def _box_ply(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def test_render_views_frame_and_normalisation(tmp_path):
     verts, faces = _box_ply(tmp_path / "box.ply")
     out = render_views(
-        tmp_path / "box.ply", tmp_path / "views", views=6, size=32, held_out=2, seed=1, device="cpu"
+        tmp_path / "box.ply",
+        tmp_path / "views",
+        ViewsConfig(views=6, size=32, held_out=2, seed=1),
+        device="cpu",
     )
     ds = load_dataset(out)
     assert len(ds) == 8 and ds.held_out.sum() == 2 and ds.images.shape == (8, 32, 32, 4)
@@ -286,7 +290,7 @@ def test_render_views_frame_and_normalisation(tmp_path):
 def test_render_views_bad_arguments(tmp_path, kwargs, message):
     _box_ply(tmp_path / "box.ply")
     with pytest.raises(InputError, match=message) as excinfo:
-        render_views(tmp_path / "box.ply", tmp_path / "v", **kwargs)
+        render_views(tmp_path / "box.ply", tmp_path / "v", ViewsConfig(**kwargs))
     _one_line_input_error(excinfo)
     assert not (tmp_path / "v").exists()
 
@@ -295,7 +299,7 @@ def test_render_views_spot(tmp_path):
     if not (SPOT / "spot_triangulated.obj").exists():
         pytest.skip(f"sample mesh {SPOT} is absent")
     out = render_views(
-        SPOT / "spot_triangulated.obj", tmp_path / "spot", views=4, size=48, held_out=1,
+        SPOT / "spot_triangulated.obj", tmp_path / "spot", ViewsConfig(views=4, size=48, held_out=1),
         texture=SPOT / "spot_texture.png", device="cpu",
     )  # fmt: skip
     ds = load_dataset(out)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from microdreamer import data_image
-from microdreamer.data_image import ImageConfig, prepare_image, recenter
+from microdreamer.data import image as data_image
+from microdreamer.data.image import ImageConfig, prepare_image, recenter
 from microdreamer.errors import InputError
 
 SAMPLES = Path(__file__).parents[1] / ".." / "shared" / "samples" / "images"

@@ -10,21 +10,22 @@ import pytest
 import torch
 from PIL import Image
 
-from microdreamer import turntable
+from microdreamer.config import TurntableConfig
 from microdreamer.errors import InputError
-from microdreamer.mesh import save_mesh
-from microdreamer.splat import Splat, write_ply
-from microdreamer.turntable import (
+from microdreamer.jobs import turntable
+from microdreamer.jobs.turntable import (
     contact_sheet,
     is_splat_ply,
     load_renderable,
     render_turntable,
     turntable_frames,
 )
+from microdreamer.mesh import save_mesh
+from microdreamer.splat import Splat, write_ply
+from microdreamer.synthetic import CUBE_SIDE_COLORS, textured_cube
 
 
 def side_cube():
-    from test_mesh import textured_cube
 
     return textured_cube()
 
@@ -40,7 +41,9 @@ def tiny_splat() -> Splat:
 
 
 def test_gif_has_the_frame_count_and_size(tmp_path):
-    out = render_turntable(side_cube(), tmp_path / "cube.gif", frames=6, size=32, progress=False)
+    out = render_turntable(
+        side_cube(), tmp_path / "cube.gif", TurntableConfig(frames=6, size=32), progress=False
+    )
     assert os.listdir(tmp_path) == ["cube.gif"]
     with Image.open(out) as im:
         assert im.size == (32, 32)
@@ -49,15 +52,14 @@ def test_gif_has_the_frame_count_and_size(tmp_path):
 
 
 def test_png_contact_sheet_is_two_rows_of_four(tmp_path):
-    out = render_turntable(side_cube(), tmp_path / "sheet.png", size=24, progress=False)
+    out = render_turntable(side_cube(), tmp_path / "sheet.png", TurntableConfig(size=24), progress=False)
     with Image.open(out) as im:
         assert im.size == (4 * 24, 2 * 24)
         sheet = np.asarray(im.convert("RGB"))
     # the first view (azimuth 0, from +z) shows the +z side, magenta; the third (azimuth 90) +x, red
-    from test_mesh import SIDE_COLORS
 
-    np.testing.assert_allclose(sheet[10:14, 10:14].reshape(-1, 3).mean(0), SIDE_COLORS[4], atol=2)
-    np.testing.assert_allclose(sheet[10:14, 58:62].reshape(-1, 3).mean(0), SIDE_COLORS[0], atol=2)
+    np.testing.assert_allclose(sheet[10:14, 10:14].reshape(-1, 3).mean(0), CUBE_SIDE_COLORS[4], atol=2)
+    np.testing.assert_allclose(sheet[10:14, 58:62].reshape(-1, 3).mean(0), CUBE_SIDE_COLORS[0], atol=2)
 
 
 @pytest.mark.skipif(
@@ -67,7 +69,9 @@ def test_png_contact_sheet_is_two_rows_of_four(tmp_path):
 def test_mp4_has_the_frame_count_and_size(tmp_path):
     import imageio.v2 as imageio
 
-    out = render_turntable(side_cube(), tmp_path / "cube.mp4", frames=10, size=32, progress=False)
+    out = render_turntable(
+        side_cube(), tmp_path / "cube.mp4", TurntableConfig(frames=10, size=32), progress=False
+    )
     reader = imageio.get_reader(str(out))
     try:
         assert reader.count_frames() == 10
@@ -79,7 +83,9 @@ def test_mp4_has_the_frame_count_and_size(tmp_path):
 def test_mp4_without_ffmpeg_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(turntable, "_mp4_available", lambda: False)
     with pytest.raises(InputError, match=r"imageio-ffmpeg.*\.gif") as info:
-        render_turntable(side_cube(), tmp_path / "cube.mp4", frames=4, size=16, progress=False)
+        render_turntable(
+            side_cube(), tmp_path / "cube.mp4", TurntableConfig(frames=4, size=16), progress=False
+        )
     assert "\n" not in str(info.value)
     assert os.listdir(tmp_path) == []
 
@@ -101,7 +107,7 @@ def test_a_failure_while_rendering_leaves_no_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(turntable, "turntable_frames", broken)
     with pytest.raises(RuntimeError, match="out of memory"):
-        render_turntable(side_cube(), tmp_path / "x.gif", frames=4, size=16, progress=False)
+        render_turntable(side_cube(), tmp_path / "x.gif", TurntableConfig(frames=4, size=16), progress=False)
     assert os.listdir(tmp_path) == []
 
 
@@ -112,7 +118,7 @@ def test_splat_and_mesh_files_load_and_render(tmp_path):
     assert is_splat_ply(splat_path) and not is_splat_ply(mesh_path)
     assert isinstance(load_renderable(splat_path), Splat)
     assert load_renderable(mesh_path).num_faces == 12
-    sheet = render_turntable(splat_path, tmp_path / "splat.png", size=16, progress=False)
+    sheet = render_turntable(splat_path, tmp_path / "splat.png", TurntableConfig(size=16), progress=False)
     with Image.open(sheet) as im:
         assert im.size == (64, 32)
         pixels = np.asarray(im.convert("RGB")).astype(float)

@@ -1,5 +1,5 @@
-"""CUDA kernels of the density field (microdreamer.kernels) against the float64 reference and the
-PyTorch path; the CUDA tests skip on a machine without a GPU."""
+"""CUDA kernels of the density field (microdreamer.kernels, called through microdreamer.field.cuda) against
+the float64 reference and the PyTorch path; the CUDA tests skip on a machine without a GPU."""
 
 import math
 from dataclasses import fields
@@ -9,8 +9,8 @@ import torch
 
 from conftest import FIELD_REL_TOL, assert_field_matches, rel_err
 from microdreamer.field import FieldConfig, density_field, prepare_gaussians
+from microdreamer.field.cuda import CudaFieldOptions, extract_fields
 from microdreamer.field.reference import density_field_reference
-from microdreamer.field.reference import gaussian_3d_coeff as coeff_reference
 from microdreamer.field.torch_impl import density_field_torch
 from microdreamer.splat import Splat, read_ply
 from microdreamer.synthetic import make_random_splat, make_synthetic_object
@@ -24,9 +24,9 @@ def poisoned(r: int) -> torch.Tensor:
 
 
 def run_kernel(prepared, grid, cfg, impl, **kw) -> torch.Tensor:
-    from microdreamer.kernels import extract_fields
-
-    out = extract_fields(prepared.to("cuda"), grid, cfg, impl, out=poisoned(grid.resolution), **kw)
+    out = extract_fields(
+        prepared.to("cuda"), grid, cfg, CudaFieldOptions(impl=impl, **kw), out=poisoned(grid.resolution)
+    )
     assert out.shape == (grid.resolution,) * 3 and out.dtype == torch.float32 and out.is_cuda
     assert torch.isfinite(out).all(), "unwritten (NaN) or non-finite voxels"
     return out
@@ -53,14 +53,14 @@ def test_import_compiles_nothing():
 
 
 def test_extract_fields_needs_cuda_tensors():
-    from microdreamer.kernels import extract_fields
-
     cfg = FieldConfig(resolution=8)
     prepared, grid = prepare_gaussians(make_random_splat(3), cfg)
     with pytest.raises(RuntimeError, match="CUDA device.*backend='torch'"):
         extract_fields(prepared, grid, cfg)
     with pytest.raises(ValueError, match="unknown kernel implementation"):
-        extract_fields(prepared, grid, cfg, impl="fastest")
+        CudaFieldOptions(impl="fastest")
+    with pytest.raises(ValueError, match="variant"):
+        CudaFieldOptions(variant=3)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without a GPU")
@@ -71,75 +71,19 @@ def test_loader_without_cuda_raises_a_clear_error():
         _backend.load()
 
 
-def test_gaussian_3d_coeff_on_cpu_is_the_reference():
-    from microdreamer.kernels import gaussian_3d_coeff
-
-    xyz, cov = _random_coeff_inputs(50, torch.float64, seed=1)
-    assert torch.equal(gaussian_3d_coeff(xyz, cov), coeff_reference(xyz, cov))
-
-
-# ----------------------------------------------------------------------------------------------
-# gaussian_3d_coeff
-# ----------------------------------------------------------------------------------------------
-
-
-def _random_coeff_inputs(m: int, dtype: torch.dtype, seed: int, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.nn.functional.normalize(torch.randn(m, 4, generator=g, dtype=torch.float64), dim=-1)
-    w, x, y, z = q.unbind(-1)
-    rot = torch.stack([
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ], -1).reshape(m, 3, 3)  # fmt: skip
-    s = torch.exp(torch.randn(m, 3, generator=g, dtype=torch.float64) * 0.5 - 2.0)
-    cov = rot @ torch.diag_embed(s * s) @ rot.transpose(1, 2)
-    cov6 = torch.stack(
-        [cov[:, 0, 0], cov[:, 0, 1], cov[:, 0, 2], cov[:, 1, 1], cov[:, 1, 2], cov[:, 2, 2]], -1
-    )
-    xyz = torch.randn(m, 3, generator=g, dtype=torch.float64) * s.amax(-1, keepdim=True) * 1.5
-    return xyz.to(dtype).to(device), cov6.to(dtype).to(device)
-
-
-@cuda
-@pytest.mark.parametrize("m", [0, 1, 1000, 100_003])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_gaussian_3d_coeff_matches_reference(m, dtype):
-    from microdreamer.kernels import gaussian_3d_coeff
-
-    xyz, cov = _random_coeff_inputs(m, dtype, seed=m + 7, device="cuda")
-    out = gaussian_3d_coeff(xyz, cov)
-    assert out.shape == (m,) and out.dtype == dtype and out.is_cuda
-    ref = coeff_reference(xyz.double().cpu(), cov.double().cpu())  # same inputs, float64
-    if m == 0:
-        return
-    # evaluated in float64 and rounded once: float32 rounding (6e-8), float64 to ~1e-15
-    assert rel_err(out, ref) <= (1e-6 if dtype == torch.float32 else 1e-12)
-
-
-@cuda
-def test_gaussian_3d_coeff_positive_exponent_is_zero():
-    from microdreamer.kernels import gaussian_3d_coeff
-
-    xyz = torch.tensor([[1.0, 0.0, 0.0]], device="cuda")
-    cov = torch.tensor([[-1.0, 0.0, 0.0, 1.0, 0.0, 1.0]], device="cuda")  # not positive definite
-    assert gaussian_3d_coeff(xyz, cov).item() == 0.0
-
-
 # ----------------------------------------------------------------------------------------------
 # extract_fields against the float64 reference
 # ----------------------------------------------------------------------------------------------
 
 # (impl, chunks, variant, scatter_voxels, splits, scatter_precise): the naive kernel, and the fast kernel at
-# every tile depth in its three variants (1: host-sized lists; 2: fixed-capacity lists, no host sync; 3:
-# 2 + Gaussian pairs), each with no scatter kernel (0: every Gaussian tiled) and with the default split
+# every tile depth in its two variants (1: host-sized lists; 2: fixed-capacity lists, no host sync), each with no scatter kernel (0: every Gaussian tiled) and with the default split
 # (None: small Gaussians scattered, exact mode); EVERYTHING: every non-degenerate Gaussian scattered. The
 # Gaussians too thin for float32 go to the float64 scatter kernel by default (exact mode), to the tiled
 # kernels' float64 path with scatter_precise=False
 EVERYTHING = 1 << 40
 IMPL_VARIANTS = (
     [("naive", None, None, None, None, None)]
-    + [("fast", c, v, s, None, None) for v in (1, 2, 3) for c in (1, 2, 4) for s in (0, None)]
+    + [("fast", c, v, s, None, None) for v in (1, 2) for c in (1, 2, 4) for s in (0, None)]
     + [("fast", 1, v, EVERYTHING, None, None) for v in (1, 2)]
     # variant 2 with one block per tile, and with every list longer than 3 entries cut into 2 or 5 slices
     # (partial tiles added with atomics into the zeroed grid)
@@ -195,17 +139,17 @@ def test_object_like_splat(mode):
 
 
 @cuda
-@pytest.mark.parametrize("impl,variant", [("naive", None), ("fast", 1), ("fast", 2), ("fast", 3)])
+@pytest.mark.parametrize("impl,variant", [("naive", None), ("fast", 1), ("fast", 2)])
 @pytest.mark.parametrize("mode", ["exact", "upstream"])
 def test_no_gaussians_gives_zeros(impl, variant, mode):
-    from microdreamer.kernels import extract_fields
-
     s = make_random_splat(5, seed=2)
     s.opacity_logits[:] = -20.0  # all below min_opacity
     cfg = FieldConfig(resolution=12, mode=mode)
     prepared, grid = prepare_gaussians(s, cfg)
     assert len(prepared) == 0
-    out = extract_fields(prepared.to("cuda"), grid, cfg, impl, out=poisoned(12), variant=variant)
+    out = extract_fields(
+        prepared.to("cuda"), grid, cfg, CudaFieldOptions(impl=impl, variant=variant), out=poisoned(12)
+    )
     assert torch.equal(out.cpu(), torch.zeros(12, 12, 12))
 
 
@@ -269,10 +213,10 @@ def test_z_slab_chunking(mode):
 
 
 @cuda
-@pytest.mark.parametrize("variant", [2, 3])
+@pytest.mark.parametrize("variant", [2])
 @pytest.mark.parametrize("mode", ["exact", "upstream"])
 def test_list_capacity_overflow_scans_every_gaussian(variant, mode):
-    # variants 2 and 3 bin into one list of fixed capacity; tiles whose entries do not fit scan all N
+    # variant 2 bins into one list of fixed capacity; tiles whose entries do not fit scan all N
     # Gaussians (budget 1: every tile but maybe the first; 5000: some tiles each way)
     splat = make_synthetic_object(3000, seed=31, scale_fraction=0.03)
     cfg = FieldConfig(resolution=50, mode=mode)
@@ -288,7 +232,7 @@ def test_list_capacity_overflow_scans_every_gaussian(variant, mode):
 
 
 @cuda
-@pytest.mark.parametrize("variant", [2, 3])
+@pytest.mark.parametrize("variant", [2])
 def test_sized_list_grows_past_the_fixed_capacity(variant):
     # 400 Gaussians wider than the grid: each is binned to all 256 tiles of 128^3 (depth 32), 102400 entries
     # against a fixed capacity of max(96 N, 65536) = 65536. Without sized_list the tiles past the capacity
@@ -454,27 +398,16 @@ def test_overlapped_scatter_matches_one_stream(r):
         assert abs(float(total) - float(one.double().sum())) <= 1e-5 * float(one.double().sum())
 
 
-@cuda
 def test_scatter_options_must_be_non_negative():
-    from microdreamer.kernels import extract_fields
-
-    prepared, grid = prepare_gaussians(make_random_splat(10, seed=1), FieldConfig(resolution=16))
-    with pytest.raises(ValueError, match="scatter_voxels"):
-        extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), scatter_voxels=-1)
-    with pytest.raises(ValueError, match="max_precise_items"):
-        extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), max_precise_items=-1)
-    with pytest.raises(ValueError, match="max_wide_items"):
-        extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), max_wide_items=-1)
+    for name in ("scatter_voxels", "max_precise_items", "max_wide_items"):
+        with pytest.raises(ValueError, match=name):
+            CudaFieldOptions(**{name: -1})
 
 
-@cuda
 def test_splits_must_be_in_range():
-    from microdreamer.kernels import extract_fields
-
-    prepared, grid = prepare_gaussians(make_random_splat(10, seed=1), FieldConfig(resolution=16))
     for kw in (dict(splits=0), dict(splits=65), dict(splits=2, split_min_entries=0)):
-        with pytest.raises(ValueError, match="splits"):
-            extract_fields(prepared.to("cuda"), grid, FieldConfig(resolution=16), **kw)
+        with pytest.raises(ValueError, match="split"):
+            CudaFieldOptions(**kw)
 
 
 @cuda
@@ -517,7 +450,7 @@ def test_large_against_torch_path(r, scale):
     prepared, grid = prepare_gaussians(splat, cfg)
     ref = density_field_torch(prepared.to("cuda"), grid, cfg)
     for chunks in (1, 2, 4):
-        for variant in (1, 2, 3):
+        for variant in (1, 2):
             for scatter in (0, None):
                 out = run_kernel(
                     prepared, grid, cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter

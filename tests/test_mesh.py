@@ -22,6 +22,7 @@ from microdreamer.mesh import (
     marching_cubes,
     save_mesh,
 )
+from microdreamer.synthetic import CUBE_SIDE_COLORS, cube_side_of_vertices, textured_cube
 
 # ---------------------------------------------------------------------------------------------------
 # input builders
@@ -374,56 +375,12 @@ def test_export_failure_leaves_no_partial_file(tmp_path, monkeypatch, suffix):
 # ---------------------------------------------------------------------------------------------------
 # textured meshes: uv + texture, exported as GLB (embedded PNG), OBJ + MTL + PNG, PLY (vertex colours)
 
+
 # the colour of each side of the cube: +x, -x, +y, -y, +z, -z
-SIDE_COLORS = np.array(
-    [[230, 20, 20], [20, 20, 230], [20, 200, 20], [230, 230, 20], [220, 20, 220], [20, 220, 220]], np.uint8
-)
-
-
-def textured_cube(cell: int = 16) -> Mesh:
-    """A unit cube (24 unshared vertices, 12 faces wound outward) whose texture is a 3 x 2 grid of
-    cells, one flat colour per side (SIDE_COLORS); each side's UVs map inside its own cell."""
-    tex = np.zeros((2 * cell, 3 * cell, 3), np.uint8)
-    verts, uvs, faces = [], [], []
-    for side in range(6):
-        axis, sign = divmod(side, 2)
-        sign = 1.0 - 2.0 * sign
-        a, b = [k for k in range(3) if k != axis]
-        row, col = divmod(side, 3)
-        tex[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell] = SIDE_COLORS[side]
-        # cell (row, col): u in [col, col + 1] / 3, v in [1 - (row + 1) / 2, 1 - row / 2], 20% margin
-        u0, u1 = (col + 0.2) / 3, (col + 0.8) / 3
-        v0, v1 = 1 - (row + 0.8) / 2, 1 - (row + 0.2) / 2
-        base = len(verts)
-        for s, t in [(-1, -1), (1, -1), (1, 1), (-1, 1)]:
-            p = np.zeros(3)
-            p[axis], p[a], p[b] = sign * 0.5, s * 0.5, t * 0.5
-            verts.append(p)
-            uvs.append([u0 + (s + 1) / 2 * (u1 - u0), v0 + (t + 1) / 2 * (v1 - v0)])
-        quad = [[0, 1, 2], [0, 2, 3]]
-        for tri in quad:
-            i, j, k = (base + q for q in tri)
-            n = np.cross(verts[j] - verts[i], verts[k] - verts[i])
-            faces.append([i, j, k] if n[axis] * sign > 0 else [i, k, j])
-    return Mesh(np.array(verts), np.array(faces), uv=np.array(uvs), texture=tex)
-
-
-def side_of_vertices(mesh: Mesh) -> np.ndarray:
-    """[V] side index (0..5: +x, -x, +y, -y, +z, -z) of each vertex of a face-unshared cube: the side
-    is the axis along which all four corners of a side agree, taken from the face's normal."""
-    tri = mesh.vertices[mesh.faces].astype(np.float64)
-    n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
-    axis = np.abs(n).argmax(1)
-    side_f = 2 * axis + (n[np.arange(len(n)), axis] < 0)
-    side = np.zeros(mesh.num_vertices, np.int64)
-    side[mesh.faces] = side_f[:, None]
-    return side
-
-
 def test_textured_cube_builder_is_consistent():
     cube = textured_cube()
     got = cube.colors_at_vertices()
-    want = SIDE_COLORS[side_of_vertices(cube)] / 255.0
+    want = CUBE_SIDE_COLORS[cube_side_of_vertices(cube)] / 255.0
     np.testing.assert_allclose(got, want, atol=1e-6)  # UVs lie inside flat cells: exact colours
 
 
@@ -482,7 +439,7 @@ def test_textured_glb_reloads_with_texture_uvs_and_orientation(tmp_path):
     from PIL import Image
 
     from microdreamer.cameras import orbit_cameras
-    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.mesh.load import load_textured_mesh
     from microdreamer.render.mesh import render_mesh
 
     cube = textured_cube()
@@ -512,7 +469,7 @@ def test_textured_glb_reloads_with_texture_uvs_and_orientation(tmp_path):
     cams = orbit_cameras([0.0, 0.0, -89.0], [90.0, -90.0, 0.0], 3.0, 30.0, 32, 32)
     rgb = render_mesh(reloaded, cams).rgb
     centre = (rgb[:, 14:18, 14:18].reshape(3, -1, 3).mean(1) * 255).numpy()
-    np.testing.assert_allclose(centre, SIDE_COLORS[[0, 1, 2]], atol=1.0)  # flat cells, nearest texel
+    np.testing.assert_allclose(centre, CUBE_SIDE_COLORS[[0, 1, 2]], atol=1.0)  # flat cells, nearest texel
 
 
 def test_textured_obj_writes_obj_mtl_png_that_reload(tmp_path):
@@ -534,10 +491,10 @@ def test_textured_ply_has_the_texture_as_vertex_colours(tmp_path):
     loaded = trimesh.load(path, process=False)
     # seam copies merged: 8 corners; each corner averages the colours of its three sides
     assert len(loaded.vertices) == 8 and len(loaded.faces) == 12
-    side = side_of_vertices(cube)
+    side = cube_side_of_vertices(cube)
     for corner in loaded.vertices:
         copies = np.all(cube.vertices == corner, axis=1)
-        want = SIDE_COLORS[side[copies]].astype(np.float64).mean(0)
+        want = CUBE_SIDE_COLORS[side[copies]].astype(np.float64).mean(0)
         got = loaded.visual.vertex_colors[np.all(loaded.vertices == corner, axis=1)][0, :3]
         np.testing.assert_allclose(got, want, atol=0.5 + 1e-6)  # rounded to 8 bits
     faces_pos = loaded.vertices[loaded.faces]

@@ -127,9 +127,10 @@ def test_kernels_in_the_triton_interpreter():
     inside the patched tiny networks."""
     code = textwrap.dedent(
         f"""
-        import sys, torch
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import test_fused_ops as t
+        import importlib.util, torch
+        spec = importlib.util.spec_from_file_location("fused_tests", {str(Path(__file__))!r})
+        t = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(t)
         t._check("cpu", torch.float32, t.FP32_TOL)
         t._check("cpu", torch.float16, 1e-3)
         t._check_geglu("cpu", torch.float32, t.FP32_TOL)

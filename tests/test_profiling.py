@@ -1,14 +1,9 @@
-import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from microdreamer.profiling import plot_stages
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _coloured_pixels(path: Path) -> int:
@@ -28,45 +23,3 @@ def test_plot_stages_draws_one_bar_per_stage(tmp_path):
         y = 28 * (row + 1) + 6 + 9  # the middle of the row's bar
         assert abs(int(coloured[y, 170 : 170 + 421].sum()) - 420 * fraction) <= 2
     assert _coloured_pixels(small) > 0
-
-
-def test_plot_fields_writes_the_charts(tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "plot_fields.py"), "--out-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    written = sorted(Path(p).name for p in out.stdout.split())
-    assert written == [
-        "fields_h200_defaults_R128.png",
-        "fields_h200_defaults_R256.png",
-        "fields_h200_defaults_R512.png",
-        "fields_h200_kernels_128_10k.png",
-        "fields_h200_kernels_128_50k.png",
-        "fields_h200_kernels_256_200k.png",
-        "fields_h200_kernels_512_1M.png",
-    ]
-    assert all(_coloured_pixels(tmp_path / name) > 0 for name in written)
-
-
-def test_plot_fields_without_results_says_what_is_missing(tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "plot_fields.py"), "--results", str(tmp_path)],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode != 0
-    assert "not found" in out.stderr and "--results" in out.stderr
-    assert not list(tmp_path.glob("*.png"))
-
-
-def test_plot_fields_shortens_kernel_names():
-    spec = importlib.util.spec_from_file_location("plot_fields", ROOT / "benchmarks" / "plot_fields.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.kernel_name("ns::(anonymous namespace)::setup_kernel(ns::SetupArgs)") == "setup_kernel"
-    assert module.kernel_name(
-        "void ns::(anonymous namespace)::fast_kernel_v2<4, true>(ns::FastArgs, long)"
-    ) == ("fast_kernel_v2")
-    assert module.kernel_name("Memset (Device)") == "Memset"

@@ -18,46 +18,10 @@ from microdreamer.cameras import Cameras, orbit_cameras
 from microdreamer.render import _torch_raster as tr
 from microdreamer.render import render
 from microdreamer.render.gaussians import eval_sh, resolve_backend, view_colors
-from microdreamer.splat import Splat, num_sh_coeffs
-
+from microdreamer.splat import Splat
+from microdreamer.synthetic import near_far_cameras, random_sh_splat
 
 # ------------------------------------------------------------------ input builders (shared with benchmarks)
-def random_splat(
-    n: int,
-    seed: int = 0,
-    sh_degree: int = 0,
-    spread: float = 0.6,
-    log_scale: float = -2.5,
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-) -> Splat:
-    """N random Gaussians in [-spread, spread]^3: log-normal scales around e^log_scale, random
-    unnormalised quaternions, opacities in (0, 1) incl. a few below 1/255, random SH."""
-    g = torch.Generator().manual_seed(seed)
-    k = num_sh_coeffs(sh_degree)
-    opacity_logits = torch.randn(n, generator=g) * 1.5
-    if n >= 4:
-        opacity_logits[:2] = -7.0  # opacity ~ 0.0009 < 1/255: culled
-    splat = Splat(
-        means=(torch.rand(n, 3, generator=g) * 2 - 1) * spread,
-        sh_dc=torch.randn(n, 3, generator=g),
-        sh_rest=0.3 * torch.randn(n, k - 1, 3, generator=g),
-        opacity_logits=opacity_logits,
-        log_scales=log_scale + 0.5 * torch.randn(n, 3, generator=g),
-        quats=torch.randn(n, 4, generator=g) * (0.5 + torch.rand(n, 1, generator=g)),
-    )
-    return Splat(**{name: t.to(device=device, dtype=dtype) for name, t in splat.tensors().items()})
-
-
-def test_cameras(width: int = 37, height: int = 29, n: int = 3) -> Cameras:
-    """C = n orbit cameras, the last one close to the origin (Gaussians behind it and near it)."""
-    el = [-20.0, 10.0, 35.0, -5.0][:n]
-    az = [15.0, 130.0, 250.0, 300.0][:n]
-    radius = [2.0, 2.2, 0.45, 1.7][:n]
-    return orbit_cameras(el, az, radius=torch.tensor(radius), width=width, height=height)
-
-
-test_cameras.__test__ = False  # a builder, not a test
 
 
 # ------------------------------------------------------------------ dense float64 reference
@@ -132,8 +96,8 @@ def opaque_stack(n: int = 12) -> Splat:
     [(0, 0, (16, 16)), (1, 0, (16, 16)), (37, 0, (37, 29)), (64, 1, (24, 40)), (50, 3, (33, 17))],
 )
 def test_torch_matches_dense_reference_float64(n, sh_degree, size):
-    splat = random_splat(n, seed=n + 7 * sh_degree, sh_degree=sh_degree, dtype=torch.float64)
-    cams = test_cameras(*size)
+    splat = random_sh_splat(n, seed=n + 7 * sh_degree, sh_degree=sh_degree, dtype=torch.float64)
+    cams = near_far_cameras(*size)
     bg = (0.2, 0.5, 0.9)
     out = render(splat, cams, background=bg, backend="torch")
     rgb, alpha, depth = dense_reference(splat, cams, bg)
@@ -159,8 +123,8 @@ def test_transmittance_cutoff_and_alpha_clamp_match_reference():
 
 @pytest.mark.parametrize("tile_size", [4, 8, 16])
 def test_float32_tiles_and_chunks_match_reference(tile_size):
-    splat = random_splat(80, seed=3, sh_degree=1, log_scale=-2.0)
-    cams = test_cameras(45, 35, n=4)
+    splat = random_sh_splat(80, seed=3, sh_degree=1, log_scale=-2.0)
+    cams = near_far_cameras(45, 35, n=4)
     out = render(splat, cams, background=(1, 1, 1), backend="torch", tile_size=tile_size)
     rgb, alpha, _ = dense_reference(splat, cams, (1, 1, 1))
     # float32 against float64: 2e-5 covers float32 rounding of sums of up to ~100 terms
@@ -186,8 +150,8 @@ def test_float32_tiles_and_chunks_match_reference(tile_size):
 
 
 def test_empty_splat_renders_background():
-    splat = random_splat(0)
-    cams = test_cameras(8, 6, n=2)
+    splat = random_sh_splat(0)
+    cams = near_far_cameras(8, 6, n=2)
     out = render(splat, cams, background=(0.1, 0.2, 0.3))
     assert torch.equal(out.rgb, torch.tensor([0.1, 0.2, 0.3]).expand(2, 6, 8, 3))
     assert out.alpha.abs().max() == 0 and out.depth.abs().max() == 0
@@ -242,9 +206,9 @@ def _param_fn(splat: Splat, cams: Cameras, bg, names):
 
 
 def test_gradcheck_all_parameters():
-    splat = random_splat(4, seed=11, sh_degree=1, spread=0.3, log_scale=-1.6, dtype=torch.float64)
+    splat = random_sh_splat(4, seed=11, sh_degree=1, spread=0.3, log_scale=-1.6, dtype=torch.float64)
     splat.opacity_logits = torch.tensor([0.3, -0.5, 1.0, 0.1], dtype=torch.float64)  # away from 0.999
-    cams = test_cameras(9, 7, n=2)
+    cams = near_far_cameras(9, 7, n=2)
     names = ["means", "sh_dc", "sh_rest", "opacity_logits", "log_scales", "quats"]
     inputs = [splat.tensors()[k].clone().requires_grad_(True) for k in names]
     fn = _param_fn(splat, cams, torch.tensor([[0.3, 0.6, 0.1], [1.0, 1.0, 1.0]], dtype=torch.float64), names)
@@ -253,8 +217,8 @@ def test_gradcheck_all_parameters():
 
 
 def test_gradcheck_rasterize_small_chunks():
-    splat = random_splat(5, seed=2, spread=0.3, log_scale=-1.7, dtype=torch.float64)
-    cams = test_cameras(10, 9, n=1)
+    splat = random_sh_splat(5, seed=2, spread=0.3, log_scale=-1.7, dtype=torch.float64)
+    cams = near_far_cameras(10, 9, n=1)
     op = splat.opacities().detach()
     proj = tr.project(splat.means, splat.covariances(), op, cams.viewmats.double(), cams.Ks.double(), 10, 9)
     m2 = proj.means2d.detach().clone().requires_grad_(True)
@@ -270,9 +234,9 @@ def test_gradcheck_rasterize_small_chunks():
 
 
 def test_means2d_grad_is_retained_and_zero_for_culled():
-    splat = random_splat(30, seed=5)
+    splat = random_sh_splat(30, seed=5)
     splat.means.requires_grad_(True)
-    cams = test_cameras(20, 16)
+    cams = near_far_cameras(20, 16)
     out = render(splat, cams, backend="torch", retain_means2d_grad=True)
     (out.rgb.sum() + out.alpha.sum()).backward()
     g = out.means2d.grad
@@ -288,8 +252,8 @@ def test_means2d_grad_is_retained_and_zero_for_culled():
 @pytest.mark.parametrize("sh_degree", [0, 3])
 def test_gsplat_matches_torch_backend(sh_degree):
     pytest.importorskip("gsplat")
-    splat = random_splat(3000, seed=21 + sh_degree, sh_degree=sh_degree, log_scale=-3.0, device="cuda")
-    cams = test_cameras(96, 80, n=4).to("cuda")
+    splat = random_sh_splat(3000, seed=21 + sh_degree, sh_degree=sh_degree, log_scale=-3.0, device="cuda")
+    cams = near_far_cameras(96, 80, n=4).to("cuda")
     bg = (0.3, 0.6, 0.9)
     params = {k: v.clone().requires_grad_(True) for k, v in splat.tensors().items()}
     outs = {}

@@ -16,9 +16,9 @@ import torch
 from microdreamer.cameras import orbit_cameras
 from microdreamer.render import render
 from microdreamer.splat import Splat
+from microdreamer.synthetic import near_far_cameras, random_sh_splat
 from microdreamer.train import GaussianTrainer, TrainConfig, random_ball_splat
 from microdreamer.train.densify import DensifyStats, reset_opacity
-from test_render_gaussians import random_splat, test_cameras
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -156,8 +156,8 @@ def test_step_weights_and_cached_targets_follow_changes():
 def test_render_without_depth_changes_nothing_else():
     """depth=False (3 composited channels instead of 4) on the torch backend: same images and
     gradients; the batched compositing sums per channel, so float64 agrees to rounding (1e-12)."""
-    splat = random_splat(40, seed=6, sh_degree=1, dtype=torch.float64)
-    cams = test_cameras(21, 17, n=2)
+    splat = random_sh_splat(40, seed=6, sh_degree=1, dtype=torch.float64)
+    cams = near_far_cameras(21, 17, n=2)
     grads, outs = [], []
     for depth in (True, False):
         p = {k: v.clone().requires_grad_(True) for k, v in splat.tensors().items()}
@@ -207,8 +207,8 @@ def test_gsplat_direct_matches_rasterization(case):
     from microdreamer.render._gsplat import render_gsplat, render_gsplat_rasterization
 
     N, C, W, H, degree, depth = case
-    splat = random_splat(N, seed=N + C + degree, sh_degree=degree, log_scale=-3.0, device="cuda")
-    cams = test_cameras(W, H, n=min(C, 4)).to("cuda")
+    splat = random_sh_splat(N, seed=N + C + degree, sh_degree=degree, log_scale=-3.0, device="cuda")
+    cams = near_far_cameras(W, H, n=min(C, 4)).to("cuda")
     if C > 4:  # SIR-like: views around the object
         el = torch.linspace(-30, 30, C)
         cams = orbit_cameras(el, torch.arange(C) * (360.0 / C), width=W, height=H).to("cuda")
@@ -262,8 +262,8 @@ def test_gsplat_direct_matches_rasterization(case):
 def test_render_gsplat_depth_flag():
     """render(..., depth=False) on gsplat: the same rgb/alpha as with depth, no depth."""
     pytest.importorskip("gsplat")
-    splat = random_splat(2000, seed=3, log_scale=-3.0, device="cuda")
-    cams = test_cameras(64, 48, n=3).to("cuda")
+    splat = random_sh_splat(2000, seed=3, log_scale=-3.0, device="cuda")
+    cams = near_far_cameras(64, 48, n=3).to("cuda")
     with torch.no_grad():
         a = render(splat, cams, backend="gsplat", depth=True)
         b = render(splat, cams, backend="gsplat", depth=False)

@@ -402,7 +402,7 @@ def test_renders_spot_sample():
     obj = SAMPLES / "meshes" / "spot" / "spot_triangulated.obj"
     if not obj.exists():
         pytest.skip(f"sample mesh {obj} is absent")
-    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.mesh.load import load_textured_mesh
 
     mesh = load_textured_mesh(obj, SAMPLES / "meshes" / "spot" / "spot_texture.png")
     cams = orbit_cameras(

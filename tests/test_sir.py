@@ -4,6 +4,7 @@ tiny Zero123 run, the final prune, and generate() end to end on a tiny random mo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,10 +17,9 @@ from microdreamer.priors import (
     Prior,
     Reference,
     even_orbit_views,
-    splat_view_renderer,
 )
 from microdreamer.render import render
-from microdreamer.sir import SIRConfig, prune_white_floaters, run_sir, t_stop_schedule
+from microdreamer.sir import SIRConfig, prune_white_floaters, run_sir, splat_view_renderer, t_stop_schedule
 from microdreamer.splat import Splat
 from microdreamer.train import TrainConfig, random_ball_splat
 
@@ -171,9 +171,9 @@ def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
     pytest.importorskip("diffusers", reason="generate needs diffusers")
     from PIL import Image
 
-    from microdreamer.data_image import ImageConfig
+    from microdreamer.data.image import ImageConfig
     from microdreamer.field import FieldConfig
-    from microdreamer.generate import GenerateConfig, generate
+    from microdreamer.jobs.generate import GenerateConfig, generate
     from microdreamer.priors.zero123 import Zero123Config
     from microdreamer.splat import read_ply
 
@@ -197,10 +197,11 @@ def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
             white_check_size=size,
             train=_small_train(num_pts=300, densify_end_iter=0),
         ),  # fmt: skip
-        field=FieldConfig(resolution=32),
         views_size=32,
     )
-    cfg.texture.size, cfg.texture.bake.views.size = 32, 32  # the default textured export, small
+    tex = cfg.export.texture  # the default textured export, small
+    tex = replace(tex, size=32, bake=replace(tex.bake, views=replace(tex.bake.views, size=32)))
+    cfg = replace(cfg, export=replace(cfg.export, field=FieldConfig(resolution=32), texture=tex))
     out = tmp_path / "out"
     res = generate(tmp_path / "in.png", out, cfg, random_weights="tiny", device="cpu")
     assert sorted(p.name for p in out.iterdir()) == ["mesh.glb", "splat.ply", "timings.json", "views.png"]
@@ -217,7 +218,7 @@ def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
 
 
 def test_generate_texture_default_is_a_capped_512_bake():
-    from microdreamer.generate import GenerateConfig
+    from microdreamer.jobs.generate import GenerateConfig
 
-    tex = GenerateConfig().texture
+    tex = GenerateConfig().export.texture
     assert (tex.mode, tex.size, tex.max_faces, tex.chart_iterations) == ("bake", 512, 10_000, 0)

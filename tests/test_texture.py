@@ -7,13 +7,21 @@ import math
 import numpy as np
 import pytest
 import torch
-import trimesh
 
 from microdreamer.cameras import orbit_cameras
 from microdreamer.errors import InputError
 from microdreamer.field import FieldConfig
 from microdreamer.mesh import Mesh
 from microdreamer.splat import Splat
+from microdreamer.synthetic import (
+    CUBE_SIDE_COLORS,
+    cube_side_of_vertices,
+    position_color,
+    position_colored_sphere,
+    sphere_mesh,
+    surface_splat,
+    textured_cube,
+)
 from microdreamer.texture import (
     BakeConfig,
     BakeViewsConfig,
@@ -40,50 +48,6 @@ pytest.importorskip("xatlas", reason="the texture stage needs xatlas (pip instal
 
 # ---------------------------------------------------------------------------------------------------
 # input builders (shared with benchmarks/bench_bake.py)
-
-
-def sphere_mesh(subdivisions: int = 3, radius: float = 0.5) -> Mesh:
-    """An icosphere centred at the origin, faces wound outward."""
-    t = trimesh.creation.icosphere(subdivisions=subdivisions, radius=radius)
-    return Mesh(t.vertices, t.faces)
-
-
-def position_color(points) -> np.ndarray:
-    """[..., 3] smooth, asymmetric RGB in [0.1, 0.9] as a function of position (float64 math)."""
-    p = np.asarray(points, np.float64)
-    r = 0.5 + 0.4 * np.sin(3.0 * p[..., 0] + 0.5)
-    g = 0.5 + 0.4 * np.sin(2.5 * p[..., 1] - 1.0 + p[..., 2])
-    b = 0.5 + 0.4 * np.cos(3.5 * p[..., 2] + 0.3 * p[..., 0])
-    return np.stack([r, g, b], -1)
-
-
-def colored_sphere(subdivisions: int = 3) -> Mesh:
-    """The ground-truth object: a sphere whose vertex colours are :func:`position_color`."""
-    m = sphere_mesh(subdivisions)
-    return Mesh(m.vertices, m.faces, vertex_colors=position_color(m.vertices))
-
-
-def surface_splat(n: int = 3000, radius: float = 0.5, scale: float = 0.025, seed: int = 0) -> Splat:
-    """Flat Gaussians tangent to a sphere (Fibonacci points), coloured by :func:`position_color`."""
-    i = np.arange(n) + 0.5
-    phi = np.arccos(1 - 2 * i / n)
-    theta = math.pi * (1 + 5**0.5) * i
-    normal = np.stack([np.cos(theta) * np.sin(phi), np.cos(phi), np.sin(theta) * np.sin(phi)], -1)
-    means = radius * normal
-    # rotation taking z to the normal: quaternion of the shortest arc
-    z = np.array([0.0, 0.0, 1.0])
-    axis = np.cross(z, normal)
-    w = 1.0 + normal @ z
-    quats = np.concatenate([w[:, None], axis], 1)
-    quats[w < 1e-6] = [0.0, 1.0, 0.0, 0.0]
-    scales = np.tile([scale, scale, scale * 0.2], (n, 1))
-    return Splat.from_activated(
-        torch.tensor(means, dtype=torch.float32),
-        torch.tensor(scales, dtype=torch.float32),
-        torch.tensor(quats, dtype=torch.float32),
-        torch.full((n,), 0.9),
-        torch.tensor(position_color(means), dtype=torch.float32),
-    )
 
 
 def random_splat(n: int, seed: int) -> Splat:
@@ -349,7 +313,7 @@ def test_field_bake_reproduces_position_colours():
 
 
 def test_bake_reproduces_a_textured_object_from_its_renders():
-    gt = colored_sphere(3)
+    gt = position_colored_sphere(3)
     mesh = Mesh(gt.vertices, gt.faces)
     layout = unwrap(mesh, max_faces=None, texture_size=256)
     verts, faces, uv = as_tensors(layout.mesh, layout.uv)
@@ -374,7 +338,6 @@ def test_bake_reproduces_a_textured_object_from_its_renders():
 
 
 def test_bake_puts_each_side_of_an_asymmetric_object_on_the_right_side():
-    from test_mesh import SIDE_COLORS, side_of_vertices, textured_cube
 
     cube = textured_cube()
     gt = cube
@@ -389,12 +352,12 @@ def test_bake_puts_each_side_of_an_asymmetric_object_on_the_right_side():
     texture, _ = fill_texture(samples, colors, seen)
     baked = layout.with_texture(texture)
     # the colour at each face's centroid UV is the colour of that face's side
-    side = side_of_vertices(baked)[baked.faces[:, 0]]
+    side = cube_side_of_vertices(baked)[baked.faces[:, 0]]
     from microdreamer.mesh.types import sample_texture_numpy
 
     centroid_uv = baked.uv[baked.faces].mean(1)
     got = sample_texture_numpy(baked.texture_float(), centroid_uv) * 255
-    np.testing.assert_allclose(got, SIDE_COLORS[side], atol=2.0)  # flat colours: rounding only
+    np.testing.assert_allclose(got, CUBE_SIDE_COLORS[side], atol=2.0)  # flat colours: rounding only
 
 
 def test_bake_config_rejects_bad_values():
@@ -463,7 +426,7 @@ def test_texture_mesh_field_mode_and_refinement_against_the_splat():
 
 
 def test_refine_moves_the_texture_towards_the_targets():
-    gt = colored_sphere(3)
+    gt = position_colored_sphere(3)
     layout = unwrap(Mesh(gt.vertices, gt.faces), max_faces=None, texture_size=64)
     start = layout.with_texture(np.full((64, 64, 3), 128, np.uint8))  # a wrong, grey texture
     from microdreamer.render.mesh import render_mesh

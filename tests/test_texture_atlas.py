@@ -15,6 +15,7 @@ import torch
 from scipy import ndimage
 from scipy.spatial import cKDTree
 
+from microdreamer.synthetic import position_colored_sphere
 from microdreamer.texture import TexelSamples, fill_texture
 from microdreamer.texture.atlas import nearest_covered_texel, nearest_points
 
@@ -250,10 +251,9 @@ def test_bake_views_on_cuda_matches_the_cpu():
         unwrap,
     )
     from microdreamer.texture.bake import framing
-    from test_texture import colored_sphere
 
     dev = _device("cuda")
-    gt = colored_sphere(4)
+    gt = position_colored_sphere(4)
     layout = unwrap(Mesh(gt.vertices, gt.faces), max_faces=None, texture_size=256)
     config = BakeConfig(views=BakeViewsConfig(size=128))
     out = {}

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from microdreamer.cameras import orbit_cameras
+from microdreamer.jobs.reconstruct import reconstruct_dataset
 from microdreamer.render import render
 from microdreamer.splat import Splat, read_ply
 from microdreamer.train import (
@@ -22,7 +23,7 @@ from microdreamer.train import (
 )
 from microdreamer.train.densify import DensifyStats, densify_and_prune, reset_opacity
 from microdreamer.train.initialize import knn_mean_sq_dist
-from microdreamer.train.reconstruct import evaluate_views, reconstruct, reconstruct_dataset
+from microdreamer.train.reconstruct import evaluate_views, reconstruct
 
 
 # ------------------------------------------------------------------ input builders
@@ -283,17 +284,25 @@ def test_tiny_reconstruction_loss_falls_and_psnr_floor():
 
 
 def test_reconstruct_dataset_writes_outputs(tmp_path):
+    from microdreamer.config import (
+        BakeConfig,
+        BakeViewsConfig,
+        ExportConfig,
+        MeshConfig,
+        ReconstructJobConfig,
+        TextureConfig,
+    )
     from microdreamer.data import save_dataset
     from microdreamer.field import FieldConfig
 
     images, cams, held = synthetic_views(size=24, n_views=10)
     save_dataset(tmp_path / "data", images, cams, held)
-    config = tiny_config(30)
-    config.texture.size, config.texture.bake.views.size = 64, 48  # the default bake, small
-    metrics = reconstruct_dataset(
-        tmp_path / "data", tmp_path / "out", config, device="cpu",
-        field_config=FieldConfig(resolution=32), progress=False,
-    )  # fmt: skip
+    texture = TextureConfig(
+        size=64, bake=BakeConfig(views=BakeViewsConfig(size=48))
+    )  # the default bake, small
+    export = ExportConfig(field=FieldConfig(resolution=32), mesh=MeshConfig(threshold=0.2), texture=texture)
+    config = ReconstructJobConfig(reconstruct=tiny_config(30), export=export)
+    metrics = reconstruct_dataset(tmp_path / "data", tmp_path / "out", config, device="cpu", progress=False)
     for name in ("splat.ply", "mesh.glb", "metrics.json"):
         assert (tmp_path / "out" / name).exists(), name
     import trimesh

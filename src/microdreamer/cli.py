@@ -1,30 +1,255 @@
-"""The ``microdreamer`` command line: wires the stages together, nothing more.
+"""The ``microdreamer`` command line: flags from the job configs, the jobs run, results printed.
 
-Bad input ends with one line on stderr (``error: ...``) and exit status 2; outputs are written to a
-temporary name and renamed, so a failure leaves no half-written file.
+Each command's flags set fields of its job config (:mod:`microdreamer.config`); their defaults and help
+come from those fields, so the two cannot drift (:func:`synopsis` writes the README's command list from the
+same table). Bad input ends with one line on stderr (``error: ...``) and exit status 2; outputs are written
+to a temporary name and renamed, so a failure leaves no half-written file. This module imports no torch:
+each command imports the stages it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
+import typing
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from microdreamer.errors import InputError
+from microdreamer import __version__, config
+from microdreamer.errors import ConfigError, InputError
+
+DEVICE_HELP = "where to compute: auto (CUDA when available), cpu or cuda"
 
 
-def _check_mesh_output(path: Path) -> Path:
-    """Check the output before any work: suffix, not a folder; its folder is created."""
-    from microdreamer.io_utils import check_output_path
-    from microdreamer.mesh import MESH_FORMATS
+@dataclass(frozen=True)
+class Flag:
+    """A command-line flag that sets the job config's field at ``path`` (dotted)."""
 
-    if path.exists() and path.is_dir():
-        raise InputError(f"{path}: is a directory; give a file name ending in .glb, .obj or .ply")
-    if path.suffix.lower() in MESH_FORMATS:  # a bad suffix creates nothing
-        path.parent.mkdir(parents=True, exist_ok=True)
-    return check_output_path(path, MESH_FORMATS, "mesh")
+    name: str
+    path: str
+    metavar: str | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its job config, positional arguments, flags and extra arguments."""
+
+    name: str
+    help: str
+    job: type
+    positionals: tuple[tuple[str, str, str], ...]  # (dest, metavar, help)
+    output: tuple[str, bool, str]  # (metavar, required, help); default when not required: see defaults
+    flags: tuple[Flag, ...]
+    preset: bool = True  # --config YAML
+    device: bool = True  # --device
+    output_default: str | None = None
+
+
+def _field_flags(prefix: str = "") -> tuple[Flag, ...]:
+    p = prefix
+    return (
+        Flag("--resolution", f"{p}field.resolution"),
+        Flag("--threshold", f"{p}mesh.threshold"),
+        Flag("--mode", f"{p}field.mode"),
+        Flag("--decimate", f"{p}mesh.decimate_target", "N"),
+    )
+
+
+COMMANDS = (
+    Command(
+        "demo",
+        "end to end with no data: object -> views -> splat -> mesh, with metrics",
+        config.DemoConfig,
+        (),
+        ("DIR", False, "output folder"),
+        (Flag("--iters", "iters"), Flag("--size", "size"), Flag("--seed", "seed"), *_field_flags("export.")),
+        output_default="out/demo",
+    ),
+    Command(
+        "mesh",
+        "convert a 3DGS .ply splat into a mesh (.glb, .obj or .ply)",
+        config.ExportConfig,
+        (("splat", "SPLAT.ply", "input splat, INRIA 3DGS PLY layout"),),
+        ("OUT.{glb,obj,ply}", True, "output mesh: OUT.glb, OUT.obj or OUT.ply"),
+        (
+            *_field_flags(),
+            Flag("--texture", "texture.mode"),
+            Flag("--texture-size", "texture.size"),
+            Flag("--refine", "texture.refine.steps", "STEPS"),
+        ),
+    ),
+    Command(
+        "render-views",
+        "render a transforms.json dataset of orbit views of a mesh",
+        config.ViewsConfig,
+        (("mesh", "MESH", "input mesh: OBJ (with MTL, or --texture), GLB or PLY"),),
+        ("DIR", True, "output dataset folder"),
+        (
+            Flag("--views", "views"),
+            Flag("--held-out", "held_out"),
+            Flag("--size", "size"),
+            Flag("--seed", "seed"),
+        ),
+        preset=False,
+    ),
+    Command(
+        "reconstruct",
+        "reconstruct a splat (and mesh) from a transforms.json dataset",
+        config.ReconstructJobConfig,
+        (("data", "DIR", "dataset folder with transforms.json and RGBA PNGs"),),
+        ("OUT/", True, "output folder: splat.ply, mesh.glb, metrics.json"),
+        (Flag("--iters", "reconstruct.iters"),),
+    ),
+    Command(
+        "generate",
+        "image-to-3D: MicroDreamer's SIR with a Zero123 prior",
+        config.GenerateConfig,
+        (("image", "IMAGE", "input image: RGBA (its alpha is the mask) or RGB (background removed)"),),
+        ("OUT/", True, "output folder: splat.ply, mesh.glb, views.png, timings.json"),
+        (
+            Flag("--model", "prior.model", "PATH|REPO_ID"),
+            Flag("--iters", "sir.iterations"),
+            Flag("--seed", "sir.seed"),
+            Flag("--elevation", "elevation_deg"),
+        ),
+    ),
+    Command(
+        "render",
+        "turntable of a mesh or splat: .mp4, .gif, or .png (8-view contact sheet)",
+        config.TurntableConfig,
+        (("source", "MESH_OR_SPLAT", "a mesh (GLB, OBJ, PLY) or a 3DGS splat (.ply)"),),
+        ("turntable.{mp4,gif,png}", True, "turntable.mp4, turntable.gif or views.png"),
+        (Flag("--frames", "frames"), Flag("--size", "size"), Flag("--elevation", "elevation_deg")),
+        preset=False,
+    ),
+)
+#: arguments that set no config field: (command, flag) -> (argparse keywords, synopsis placeholder)
+EXTRA = {
+    ("render-views", "--texture"): ({"default": None, "metavar": "PNG",
+                                     "help": "texture image for an OBJ without an MTL"}, "PNG"),
+    ("reconstruct", "--no-mesh"): ({"action": "store_true", "help": "skip the mesh export"}, None),
+    ("generate", "--random-weights"): ({"choices": list(config.RANDOM_WEIGHTS), "default": None,
+                                        "help": "use a randomly initialised model (timing and plumbing "
+                                                "only: the output is noise)"}, "tiny|full"),
+}  # fmt: skip
+BY_NAME = {c.name: c for c in COMMANDS}
+
+
+def _scalar_type(annotation: Any) -> type:
+    """int, float or str of a field annotation (``int | None`` -> int)."""
+    if typing.get_origin(annotation) is not None:
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _scalar_type(options[0])
+    return annotation
+
+
+def _default(cmd: Command, flag: Flag) -> Any:
+    return config.get_path(cmd.job(), flag.path)
+
+
+def _show(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+def _flag_spec(cmd: Command, flag: Flag) -> dict:
+    owner, f = config.field_at(cmd.job, flag.path)
+    kind = _scalar_type(typing.get_type_hints(owner)[f.name])
+    spec: dict = {"type": kind, "default": None, "dest": flag.path.replace(".", "__")}
+    choices = f.metadata.get("choices")
+    if choices:
+        spec["choices"] = list(choices)
+    if not choices:
+        spec["metavar"] = flag.metavar or flag.name.lstrip("-").upper().replace("-", "_")
+    text = f.metadata.get("help", "")
+    spec["help"] = f"{text} (default {_show(_default(cmd, flag))})".strip()
+    return spec
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="microdreamer",
+        description="Image-to-3D with MicroDreamer (score-based iterative reconstruction) and fast, "
+        "textured Gaussian-splat-to-mesh conversion.",
+    )
+    p.add_argument("--version", action="version", version=f"microdreamer {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS:
+        sp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        for dest, metavar, text in cmd.positionals:
+            sp.add_argument(dest, metavar=metavar, help=text)
+        metavar, required, text = cmd.output
+        if required:
+            sp.add_argument("-o", "--output", required=True, metavar=metavar, help=text)
+        else:
+            sp.add_argument("-o", "--output", default=cmd.output_default, metavar=metavar,
+                            help=f"{text} (default {cmd.output_default})")  # fmt: skip
+        for flag in cmd.flags:
+            sp.add_argument(flag.name, **_flag_spec(cmd, flag))
+        for (name, option), (spec, _) in EXTRA.items():
+            if name == cmd.name:
+                sp.add_argument(option, **spec)
+        if cmd.device:
+            sp.add_argument("--device", default="auto", choices=list(config.DEVICES), help=DEVICE_HELP)
+        if cmd.preset:
+            sp.add_argument("--config", default=None, metavar="YAML",
+                            help=f"a {cmd.job.__name__} preset (YAML); flags override it")  # fmt: skip
+        sp.set_defaults(func=RUNNERS[cmd.name], command_spec=cmd)
+    return p
+
+
+def synopsis(width: int = 110) -> str:
+    """Every command's usage line, as the README's command-line section shows it."""
+    lines = []
+    for cmd in COMMANDS:
+        parts = [meta for _, meta, _ in cmd.positionals]
+        metavar, required, _ = cmd.output
+        parts.append(f"-o {metavar}" if required else f"[-o {cmd.output_default}]")
+        for flag in cmd.flags:
+            spec = _flag_spec(cmd, flag)
+            value = (
+                "|".join(spec["choices"]) if "choices" in spec else flag.metavar or _show(_default(cmd, flag))
+            )
+            parts.append(f"[{flag.name} {value}]")
+        for (name, option), (_, placeholder) in EXTRA.items():
+            if name == cmd.name:
+                parts.append(f"[{option} {placeholder}]" if placeholder else f"[{option}]")
+        if cmd.device:
+            parts.append("[--device auto|cpu|cuda]")
+        if cmd.preset:
+            parts.append("[--config YAML]")
+        head = f"microdreamer {cmd.name:<13} "
+        line = head
+        for part in parts:
+            if len(line) + len(part) + 1 > width and line.strip() != head.strip():
+                lines.append(line.rstrip())
+                line = " " * len(head)
+            line += part + " "
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def job_config(args: argparse.Namespace):
+    """The command's job config: its preset (``--config``) or defaults, then the flags the user gave.
+
+    Raises:
+        InputError: a bad preset, or a flag whose value breaks its field's rule (named by the flag).
+    """
+    cmd: Command = args.command_spec
+    cfg = config.load_preset(cmd.job, args.config) if cmd.preset and args.config else cmd.job()
+    for flag in cmd.flags:
+        value = getattr(args, flag.path.replace(".", "__"))
+        if value is None:
+            continue
+        try:
+            cfg = config.replace_path(cfg, flag.path, value)
+        except ConfigError as e:
+            raise InputError(f"{flag.name} {value}: {e.rule}") from None
+    return cfg
 
 
 def _progress_bar(desc: str):
@@ -48,180 +273,117 @@ def _progress_bar(desc: str):
     return update, bar.close
 
 
-def _job_config(args: argparse.Namespace):
-    """Preset (``--config``) or defaults, then the flags the user gave."""
-    from microdreamer.config import MeshJobConfig, load_preset
-
-    cfg = load_preset(MeshJobConfig, args.config) if args.config else MeshJobConfig()
-    if args.resolution is not None:
-        if not 2 <= args.resolution <= 2048:
-            raise InputError(f"--resolution {args.resolution}: must be between 2 and 2048")
-        cfg.field.resolution = args.resolution
-    if args.mode is not None:
-        cfg.field.mode = args.mode
-    if args.threshold is not None:
-        cfg.mesh.threshold = args.threshold
-    if args.decimate is not None:
-        if args.decimate < 4:
-            raise InputError(f"--decimate {args.decimate}: must be at least 4 faces")
-        cfg.mesh.decimate_target = args.decimate
-    if getattr(args, "texture", None) is not None:
-        cfg.texture.mode = args.texture
-    if getattr(args, "texture_size", None) is not None:
-        if not 16 <= args.texture_size <= 16384:
-            raise InputError(f"--texture-size {args.texture_size}: must be between 16 and 16384 texels")
-        cfg.texture.size = args.texture_size
-    if getattr(args, "refine", None) is not None:
-        if args.refine < 0:
-            raise InputError(f"--refine {args.refine}: must be 0 or more steps")
-        cfg.texture.refine.steps = args.refine
-    return cfg
+def _seconds(seconds: dict[str, float], digits: int = 3) -> str:
+    return "seconds: " + ", ".join(f"{k} {v:.{digits}f}" for k, v in seconds.items())
 
 
-def _convert_and_save(splat, out: Path, args, name: str) -> None:
-    import torch
-
-    from microdreamer.mesh import save_mesh
-    from microdreamer.pipeline import resolve_device, splat_to_mesh
-    from microdreamer.profiling import StageTimer
-
-    cfg = _job_config(args)
-    device = resolve_device(args.device)
-    timer = StageTimer()
-    update, close = _progress_bar("density field")
-    try:
-        result = splat_to_mesh(splat, cfg.field, cfg.mesh, device, timer=timer, progress=update, name=name)
-    finally:
-        close()
-    mesh = result.mesh
-    if cfg.texture.mode != "none":
-        from microdreamer.texture import texture_mesh
-
-        with timer.stage("texture"):
-            mesh = texture_mesh(mesh, splat.to(device), cfg.texture, device=device, progress=True).mesh
-    with timer.stage("export"):
-        save_mesh(mesh, out)
-    m = mesh
-    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    print(f"Gaussians: {result.num_gaussians_in} read, {result.num_gaussians_kept} kept "
-          f"(opacity > {cfg.field.min_opacity})")  # fmt: skip
-    print(f"grid: {result.resolution}^3, mode {cfg.field.mode}, backend {result.backend} on {device}{gpu}")
-    tex = (
-        f", {cfg.texture.mode} texture {cfg.texture.size}^2"
-        if getattr(m, "texture", None) is not None
-        else ""
-    )
-    print(f"mesh: {m.num_vertices} vertices, {m.num_faces} faces{tex} -> {out}")
-    print("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in timer.seconds.items()))
+# ------------------------------------------------------------------------------------------- commands
 
 
 def cmd_mesh(args: argparse.Namespace) -> None:
+    from microdreamer.io_utils import check_output_path
+    from microdreamer.mesh import MESH_FORMATS
+
+    out = Path(args.output)
+    if out.exists() and out.is_dir():
+        raise InputError(f"{out}: is a directory; give a file name ending in .glb, .obj or .ply")
+    if out.suffix.lower() in MESH_FORMATS:  # a bad suffix creates nothing
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out = check_output_path(out, MESH_FORMATS, "mesh")
+    cfg = job_config(args)  # checked before reading anything
+
+    import torch
+
+    from microdreamer.jobs import resolve_device
+    from microdreamer.jobs.export import export_mesh
+    from microdreamer.profiling import StageTimer
     from microdreamer.splat import read_ply
 
-    out = _check_mesh_output(Path(args.output))
-    _job_config(args)  # check the settings before reading anything
+    device = resolve_device(args.device)
     t = time.perf_counter()
     splat = read_ply(args.splat)
     logging.getLogger(__name__).info("read %s in %.3f s", args.splat, time.perf_counter() - t)
-    _convert_and_save(splat, out, args, name=str(args.splat))
+    timer = StageTimer()
+    update, close = _progress_bar("density field")
+    try:
+        result = export_mesh(splat, out, cfg, device, timer=timer, progress=update, name=str(args.splat),
+                             texture_progress=True)  # fmt: skip
+    finally:
+        close()
+    conv, mesh = result.convert, result.mesh
+    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    print(f"Gaussians: {conv.num_gaussians_in} read, {conv.num_gaussians_kept} kept "
+          f"(opacity > {cfg.field.min_opacity})")  # fmt: skip
+    print(f"grid: {conv.resolution}^3, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}")
+    tex = f", {cfg.texture.mode} texture {cfg.texture.size}^2" if mesh.has_texture else ""
+    print(f"mesh: {mesh.num_vertices} vertices, {mesh.num_faces} faces{tex} -> {out}")
+    print(_seconds(timer.seconds))
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from microdreamer.demo import DemoConfig, run_demo
-    from microdreamer.pipeline import resolve_device
+    cfg = job_config(args)
+    from microdreamer.jobs import resolve_device
+    from microdreamer.jobs.demo import run_demo
 
     device = resolve_device(args.device)
-    cfg = DemoConfig(seed=args.seed)
-    if args.iters is not None:
-        if args.iters < 1:
-            raise InputError(f"--iters {args.iters}: must be at least 1")
-        cfg.iters = args.iters
-    if args.size is not None:
-        if not 16 <= args.size <= 1024:
-            raise InputError(f"--size {args.size}: must be between 16 and 1024 pixels")
-        cfg.size = args.size
-    job = _job_config(args)
     print(f"demo on {device}: a coloured object built in code -> {cfg.views} + {cfg.held_out} held-out views at "
           f"{cfg.size}^2 -> {cfg.iters} reconstruction steps -> mesh")  # fmt: skip
-    m = run_demo(args.output, cfg, device, field_config=job.field,
-                 mesh_config=job.mesh if args.threshold is not None or args.config else None)  # fmt: skip
+    m = run_demo(args.output, cfg, device)
     q = m["mesh_quality"]
     print(f"held-out views: PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.4f}; {m['num_gaussians']} Gaussians")
     print(f"mesh vs the object: Chamfer-L1 {100 * q['chamfer_l1_rel']:.2f}% of its diagonal, "
           f"F-score@1% {q['fscore@0.01']:.3f}")  # fmt: skip
-    print("seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in m["seconds"].items()))
+    print(_seconds(m["seconds"], 2))
     for name, path in m["paths"].items():
         print(f"  {name:<8} {path}")
 
 
 def cmd_render_views(args: argparse.Namespace) -> None:
+    cfg = job_config(args)
     from microdreamer.data import render_views
-    from microdreamer.pipeline import resolve_device
+    from microdreamer.jobs import resolve_device
 
-    if args.views < 1 or args.held_out < 0:
-        raise InputError(
-            f"--views {args.views} / --held-out {args.held_out}: need at least 1 view and 0 held out"
-        )
-    if not 16 <= args.size <= 4096:
-        raise InputError(f"--size {args.size}: must be between 16 and 4096 pixels")
     device = resolve_device(args.device)
     t = time.perf_counter()
-    out = render_views(args.mesh, args.output, views=args.views, size=args.size, seed=args.seed,
-                       texture=args.texture, held_out=args.held_out, device=device)  # fmt: skip
-    print(f"rendered {args.views} training + {args.held_out} held-out views at {args.size}^2 "
+    out = render_views(args.mesh, args.output, cfg, texture=args.texture, device=device)
+    print(f"rendered {cfg.views} training + {cfg.held_out} held-out views at {cfg.size}^2 "
           f"in {time.perf_counter() - t:.2f} s -> {out / 'transforms.json'}")  # fmt: skip
 
 
 def cmd_reconstruct(args: argparse.Namespace) -> None:
-    from microdreamer.config import load_preset
-    from microdreamer.pipeline import resolve_device
-    from microdreamer.train.config import ReconstructConfig
-    from microdreamer.train.reconstruct import reconstruct_dataset
+    cfg = job_config(args)
+    if args.no_mesh:
+        cfg = dataclasses.replace(cfg, mesh=False)
+    from microdreamer.jobs import resolve_device
+    from microdreamer.jobs.reconstruct import reconstruct_dataset
 
-    cfg = load_preset(ReconstructConfig, args.config) if args.config else ReconstructConfig()
-    if args.iters is not None:
-        if args.iters < 1:
-            raise InputError(f"--iters {args.iters}: must be at least 1")
-        cfg.iters = args.iters
     device = resolve_device(args.device)
-    metrics = reconstruct_dataset(args.data, args.output, cfg, device=device, mesh=not args.no_mesh)
+    metrics = reconstruct_dataset(args.data, args.output, cfg, device=device)
     out = Path(args.output)
     psnr = metrics.get("psnr")
     print(f"Gaussians: {metrics.get('num_gaussians')}")
     if psnr is not None:
         print(f"held-out views: PSNR {psnr:.2f} dB, SSIM {metrics.get('ssim'):.4f}")
-    print("seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.get("seconds", {}).items()))
-    files = ["splat.ply", "metrics.json"] + ([] if args.no_mesh else ["mesh.glb"])
+    print(_seconds(metrics.get("seconds", {}), 2))
+    files = ["splat.ply", "metrics.json"] + (["mesh.glb"] if cfg.mesh else [])
     print("wrote " + ", ".join(str(out / f) for f in files))
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from microdreamer.config import load_preset
-    from microdreamer.generate import GenerateConfig, generate
+    cfg = job_config(args)
+    from microdreamer.jobs.generate import generate
 
-    cfg = load_preset(GenerateConfig, args.config) if args.config else GenerateConfig()
-    if args.iters is not None:
-        if args.iters < 1:
-            raise InputError(f"--iters {args.iters}: must be at least 1")
-        cfg.sir.iterations = args.iters
-    if args.seed is not None:
-        cfg.sir.seed = args.seed
-    if args.elevation is not None:
-        if not -90 < args.elevation < 90:
-            raise InputError(f"--elevation {args.elevation}: must be between -90 and 90 degrees")
-        cfg.elevation_deg = args.elevation
     if args.random_weights:
         print(f"WARNING: --random-weights {args.random_weights}: the diffusion model has RANDOM weights; "
               "the output is noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip
     update, close = _progress_bar("SIR iterations")
     try:
-        report = generate(args.image, args.output, cfg, model=args.model, random_weights=args.random_weights,
-                          device=args.device, progress=update)  # fmt: skip
+        report = generate(args.image, args.output, cfg, random_weights=args.random_weights, device=args.device,
+                          progress=update)  # fmt: skip
     finally:
         close()
     stages = report.get("stages", {})
-    print("seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
-          + f" (after model load {report.get('seconds_after_load', float('nan')):.2f})")  # fmt: skip
+    print(_seconds(stages, 2) + f" (after model load {report.get('seconds_after_load', float('nan')):.2f})")
     print(f"Gaussians: {report.get('num_gaussians')}, mesh: {report.get('mesh_vertices')} vertices, "
           f"{report.get('mesh_faces')} faces")  # fmt: skip
     out = Path(args.output)
@@ -229,121 +391,24 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> None:
-    from microdreamer.pipeline import resolve_device
-    from microdreamer.turntable import render_turntable
+    cfg = job_config(args)
+    from microdreamer.jobs import resolve_device
+    from microdreamer.jobs.turntable import render_turntable
 
-    if args.frames < 1 or not 16 <= args.size <= 4096:
-        raise InputError(f"--frames {args.frames} / --size {args.size}: need >= 1 frame and 16-4096 pixels")
     device = resolve_device(args.device)
     t = time.perf_counter()
-    out = render_turntable(args.source, args.output, frames=args.frames, size=args.size,
-                           elevation_deg=args.elevation, device=device)  # fmt: skip
+    out = render_turntable(args.source, args.output, cfg, device=device)
     print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="microdreamer",
-        description="Image-to-3D with MicroDreamer (score-based iterative reconstruction) and fast, "
-        "textured Gaussian-splat-to-mesh conversion.",
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def add_field_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--resolution", type=int, default=None, help="grid points per axis (default 128)")
-        sp.add_argument("--threshold", type=float, default=None, help="density iso-level (default 1.0)")
-        sp.add_argument(
-            "--mode",
-            choices=["exact", "upstream"],
-            default=None,
-            help="exact: every Gaussian within its cutoff, bounded error (default); "
-            "upstream: DreamGaussian/MicroDreamer's block rule",
-        )
-        sp.add_argument("--decimate", type=int, default=None, metavar="N", help="decimate to about N faces")
-        sp.add_argument(
-            "--device",
-            default="auto",
-            choices=["auto", "cpu", "cuda"],
-            help="where to compute the field (default auto)",
-        )
-        sp.add_argument(
-            "--config", default=None, metavar="YAML", help="a preset (field/mesh settings); flags override it"
-        )
-
-    sp = sub.add_parser("mesh", help="convert a 3DGS .ply splat into a mesh (.glb, .obj or .ply)")
-    sp.add_argument("splat", help="input splat, INRIA 3DGS PLY layout")
-    sp.add_argument("-o", "--output", required=True, help="output mesh: OUT.glb, OUT.obj or OUT.ply")
-    add_field_args(sp)
-    sp.add_argument("--texture", choices=["bake", "field", "none"], default=None,
-                    help="bake: from splat renders (default); field: from the splat's colour field; none")  # fmt: skip
-    sp.add_argument(
-        "--texture-size", type=int, default=None, help="texture atlas side in texels (default 1024)"
-    )
-    sp.add_argument("--refine", type=int, default=None, metavar="STEPS",
-                    help="stage-2 texture refinement steps against the splat's renders (default 0: off)")  # fmt: skip
-    sp.set_defaults(func=cmd_mesh)
-
-    sp = sub.add_parser(
-        "demo", help="end to end with no data: object -> views -> splat -> mesh, with metrics"
-    )
-    sp.add_argument("-o", "--output", default="out/demo", help="output folder (default out/demo)")
-    sp.add_argument("--iters", type=int, default=None, help="reconstruction steps (default 300)")
-    sp.add_argument("--size", type=int, default=None, help="view size in pixels (default 64)")
-    sp.add_argument("--seed", type=int, default=0)
-    add_field_args(sp)
-    sp.set_defaults(func=cmd_demo)
-
-    sp = sub.add_parser("render-views", help="render a transforms.json dataset of orbit views of a mesh")
-    sp.add_argument("mesh", help="input mesh: OBJ (with MTL, or --texture), GLB or PLY")
-    sp.add_argument("-o", "--output", required=True, help="output dataset folder")
-    sp.add_argument(
-        "--views", type=int, default=32, help="training views, azimuths spread evenly (default 32)"
-    )
-    sp.add_argument("--held-out", type=int, default=4, help="extra held-out views (default 4)")
-    sp.add_argument("--size", type=int, default=256, help="image size in pixels (default 256)")
-    sp.add_argument("--seed", type=int, default=0, help="seed of the random elevations in [-30, 30]")
-    sp.add_argument("--texture", default=None, help="texture image for an OBJ without an MTL")
-    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    sp.set_defaults(func=cmd_render_views)
-
-    sp = sub.add_parser("reconstruct", help="reconstruct a splat (and mesh) from a transforms.json dataset")
-    sp.add_argument("data", help="dataset folder with transforms.json and RGBA PNGs")
-    sp.add_argument("-o", "--output", required=True, help="output folder: splat.ply, mesh.glb, metrics.json")
-    sp.add_argument("--iters", type=int, default=None, help="optimisation steps (default 2000)")
-    sp.add_argument("--no-mesh", action="store_true", help="skip the mesh export")
-    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    sp.add_argument("--config", default=None, metavar="YAML", help="a ReconstructConfig preset")
-    sp.set_defaults(func=cmd_reconstruct)
-
-    sp = sub.add_parser("generate", help="image-to-3D: MicroDreamer's SIR with a Zero123 prior")
-    sp.add_argument("image", help="input image: RGBA (its alpha is the mask) or RGB (background removed)")
-    sp.add_argument(
-        "-o", "--output", required=True, help="output folder: splat.ply, mesh.glb, views.png, timings.json"
-    )
-    sp.add_argument("--model", default=None, help="diffusers-format folder or a repo id in the local Hugging Face cache "
-                    "(default ashawkey/stable-zero123-diffusers)")  # fmt: skip
-    sp.add_argument("--iters", type=int, default=None, help="SIR iterations (default 20)")
-    sp.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
-    sp.add_argument("--elevation", type=float, default=None, help="elevation of the input view in degrees "
-                    "(MicroDreamer's sign: negative = from above; default 0)")  # fmt: skip
-    sp.add_argument("--random-weights", choices=["tiny", "full"], default=None,
-                    help="use a randomly initialised model (timing and plumbing only: the output is noise)")  # fmt: skip
-    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    sp.add_argument("--config", default=None, metavar="YAML", help="a GenerateConfig preset")
-    sp.set_defaults(func=cmd_generate)
-
-    sp = sub.add_parser(
-        "render", help="turntable of a mesh or splat: .mp4, .gif, or .png (8-view contact sheet)"
-    )
-    sp.add_argument("source", help="a mesh (GLB, OBJ, PLY) or a 3DGS splat (.ply)")
-    sp.add_argument("-o", "--output", required=True, help="turntable.mp4, turntable.gif or views.png")
-    sp.add_argument("--frames", type=int, default=120, help="video frames (default 120)")
-    sp.add_argument("--size", type=int, default=512, help="frame size in pixels (default 512)")
-    sp.add_argument("--elevation", type=float, default=0.0, help="camera elevation in degrees (default 0)")
-    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    sp.set_defaults(func=cmd_render)
-    return p
+RUNNERS = {
+    "demo": cmd_demo,
+    "mesh": cmd_mesh,
+    "render-views": cmd_render_views,
+    "reconstruct": cmd_reconstruct,
+    "generate": cmd_generate,
+    "render": cmd_render,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,99 +1,1004 @@
-"""Typed configuration: each component owns a dataclass; YAML presets load into them.
+"""Typed configuration of every stage and every job; YAML presets load into them.
+
+One dataclass per component (the stage modules re-export theirs: ``microdreamer.field.FieldConfig`` is
+:class:`FieldConfig`), composed into one config per job (:class:`ExportConfig` for ``mesh``,
+:class:`ReconstructJobConfig`, :class:`GenerateConfig`, :class:`DemoConfig`, :class:`ViewsConfig`,
+:class:`TurntableConfig`). Defaults are the paper's settings (MicroDreamer / DreamGaussian) unless a field
+says otherwise. This module imports neither torch nor NumPy, so the command line can build, validate and
+print configs before any heavy import.
+
+Validation: every config checks its fields in ``__post_init__``, first their types (from the annotations:
+``float`` takes ints, never strings or bools, and must be finite; ``int`` takes no floats; ``X | None``
+takes None), then the component's own rules. Every failure is one :class:`ConfigError` naming the field,
+e.g. ``MeshConfig.threshold = nan: must be a finite number``. The command line turns it into a message
+about the flag the user gave; :func:`load_preset` prefixes the preset file.
 
 A preset is a YAML mapping whose keys are the dataclass's fields (nested dataclasses are nested
-mappings). Unknown keys and wrong types are reported in one line naming the file and the key.
-CLI flags override fields after the preset is loaded.
+mappings); :func:`from_dict` builds the config, reading numbers written as strings (PyYAML reads
+``1.0e9`` as a string) and rejecting unknown keys. The command line's flags then override fields
+(:func:`replace_path`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from microdreamer.errors import InputError
-from microdreamer.field.common import FieldConfig
+from microdreamer.errors import ConfigError, InputError
 
 T = TypeVar("T")
 
 
-@dataclasses.dataclass
-class MeshJobConfig:
-    """``microdreamer mesh``: the density field, the mesh stage, then the texture stage."""
-
-    field: FieldConfig = dataclasses.field(default_factory=FieldConfig)
-    mesh: Any = None  # microdreamer.mesh.MeshConfig (imported lazily: scikit-image, trimesh)
-    texture: Any = None  # microdreamer.texture.TextureConfig (imported lazily: xatlas)
-
-    def __post_init__(self) -> None:
-        if self.mesh is None:
-            from microdreamer.mesh import MeshConfig
-
-            self.mesh = MeshConfig()
-        if self.texture is None:
-            from microdreamer.texture import TextureConfig
-
-            self.texture = TextureConfig()
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = dataclasses.MISSING,
+            choices: tuple | None = None):  # fmt: skip
+    """A dataclass field with the help text (and choices) the command line shows for it."""
+    meta = {"help": help}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
-def _coerce(value: Any, annotation: Any, where: str) -> Any:
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
+    """(value fits annotation, value normalised: int -> float for float fields, list -> tuple)."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
-        options = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(value, options[0], where) if len(options) == 1 else value
-    if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if annotation in (int, str, bool) and not isinstance(value, annotation):
-        raise InputError(f"{where}: expected {annotation.__name__}, got {value!r}")
-    if origin in (tuple, list) and isinstance(value, list | tuple):
-        return type(value)(value) if origin is list else tuple(value)
+        for option in typing.get_args(annotation):
+            if option is type(None):
+                if value is None:
+                    return True, None
+                continue
+            ok, normalised = _type_ok(value, option)
+            if ok:
+                return True, normalised
+        return False, value
+    if annotation is Any:
+        return True, value
+    if annotation is bool:
+        return isinstance(value, bool), value
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False, value
+        return True, float(value)
+    if annotation is str:
+        return isinstance(value, str), value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            return False, value
+        args = typing.get_args(annotation)
+        items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+        if len(items) != len(value):
+            return False, value
+        out = []
+        for v, a in zip(value, items, strict=True):
+            ok, nv = _type_ok(v, a)
+            if not ok:
+                return False, value
+            out.append(nv)
+        return True, tuple(out)
+    if dataclasses.is_dataclass(annotation):
+        return isinstance(value, annotation), value
+    return True, value
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "none"
+    if typing.get_origin(annotation) is tuple:
+        args = typing.get_args(annotation)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_type_name(args[0])}"
+        return f"a list of {len(args)} {_type_name(args[0])}"
+    return {float: "a number", int: "an integer", bool: "true or false", str: "a string"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation))
+    )
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, tuple):
+        return all(_finite(v) for v in value)
+    return True
+
+
+class Config:
+    """Base of every config dataclass: type checks from the annotations, then :meth:`validate`."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            annotation = _hints(type(self))[f.name]
+            ok, normalised = _type_ok(value, annotation)
+            if not ok:
+                self.fail(f.name, f"must be {_type_name(annotation)}")
+            if not _finite(normalised):
+                self.fail(f.name, "must be a finite number")
+            object.__setattr__(self, f.name, normalised)
+        self.validate()
+
+    def validate(self) -> None:
+        """The component's own rules (ranges, choices); raise with :meth:`fail`."""
+
+    def fail(self, name: str, rule: str) -> typing.NoReturn:
+        raise ConfigError(type(self).__name__, name, getattr(self, name, None), rule)
+
+    def require(self, name: str, ok: bool, rule: str) -> None:
+        if not ok:
+            self.fail(name, rule)
+
+    def choose(self, name: str, choices: tuple) -> None:
+        value = getattr(self, name)
+        if value not in choices:
+            self.fail(name, f"use one of {', '.join(map(str, choices))}")
+
+
+# ============================================================================ stages
+
+FIELD_MODES = ("exact", "upstream")
+
+
+@dataclass
+class FieldConfig(Config):
+    """The density field (:mod:`microdreamer.field`). ``upstream`` mode's defaults are DreamGaussian's.
+
+    Attributes:
+        resolution: R, grid points per axis.
+        mode: ``"exact"`` (every Gaussian within its cutoff, a stated error bound) or ``"upstream"``
+            (DreamGaussian/MicroDreamer's ``extract_fields`` block rule).
+        num_blocks: upstream: blocks per axis (block = R // num_blocks voxels).
+        relax_ratio: upstream: each block's box grows by relax_ratio * (2 / num_blocks) on every side.
+        min_opacity: Gaussians with opacity <= this are dropped before normalisation (both modes).
+        cutoff_tol: exact: terms below cutoff_tol * opacity are dropped (bound in ``field/common.py``).
+        extent_factor: the kept Gaussians' largest bounding-box extent maps to this length in [-1, 1].
+    """
+
+    resolution: int = setting(128, "grid points per axis")
+    mode: str = setting("exact", "exact: every Gaussian within its cutoff, bounded error; upstream: "
+                        "DreamGaussian/MicroDreamer's block rule", choices=FIELD_MODES)  # fmt: skip
+    num_blocks: int = 16
+    relax_ratio: float = 1.5
+    min_opacity: float = 0.005
+    cutoff_tol: float = 1e-4
+    extent_factor: float = 1.8
+
+    def validate(self) -> None:
+        self.choose("mode", FIELD_MODES)
+        self.require("resolution", 2 <= self.resolution <= 2048, "must be between 2 and 2048")
+        self.require("cutoff_tol", 0.0 < self.cutoff_tol < 1.0, "must be in (0, 1)")
+        self.require("num_blocks", self.num_blocks >= 1, "must be at least 1")
+        self.require("extent_factor", self.extent_factor > 0, "must be positive")
+        self.require("min_opacity", 0.0 <= self.min_opacity < 1.0, "must be in [0, 1)")
+
+    @property
+    def cutoff_sq(self) -> float:
+        """c^2 = 2 ln(1 / cutoff_tol): the exact mode's Mahalanobis cutoff, squared."""
+        return 2.0 * math.log(1.0 / self.cutoff_tol)
+
+    @property
+    def block_voxels(self) -> int:
+        """upstream: voxels per block side (R // num_blocks, at least 1)."""
+        return max(1, self.resolution // self.num_blocks)
+
+    @property
+    def relax(self) -> float:
+        """upstream: how far each block's box grows on every side, in normalised units."""
+        return self.relax_ratio * 2.0 / self.num_blocks
+
+
+@dataclass
+class MeshConfig(Config):
+    """The mesh stage (:mod:`microdreamer.mesh`).
+
+    Attributes:
+        threshold: iso-level of the density field; the object is where density > threshold.
+        close_boundary: close surfaces cut by the grid's border (see ``mesh.marching_cubes``).
+        min_component_fraction: drop connected components with fewer faces than this fraction of all
+            faces (the largest component is always kept); 0 keeps everything.
+        merge_tolerance: merge vertices closer than this fraction of the bounding-box diagonal.
+        decimate_target: simplify to about this many faces; None keeps the full mesh.
+    """
+
+    threshold: float = setting(1.0, "density iso-level")
+    close_boundary: bool = True
+    min_component_fraction: float = 0.02
+    merge_tolerance: float = 1e-6
+    decimate_target: int | None = setting(None, "decimate to about N faces")
+
+    def validate(self) -> None:
+        self.require("min_component_fraction", 0.0 <= self.min_component_fraction <= 1.0, "must be in [0, 1]")
+        self.require("merge_tolerance", self.merge_tolerance >= 0.0, "must be 0 or more")
+        self.require("decimate_target", self.decimate_target is None or self.decimate_target >= 4,
+                     "must be at least 4 faces, or none")  # fmt: skip
+
+
+@dataclass
+class BakeViewsConfig(Config):
+    """The views a back-projection bake renders (:mod:`microdreamer.texture.bake`).
+
+    Attributes:
+        size: H = W of each view, pixels.
+        azimuths: views per elevation ring, evenly spaced from azimuth 0.
+        elevations: ring elevations in degrees (MicroDreamer's sign: negative = above).
+        poles: add one view straight above and one straight below.
+        fovy_deg: vertical field of view.
+        margin: camera distance = margin * (bounding-sphere radius / sin(fovy / 2)); 1 = the sphere
+            touches the image border.
+    """
+
+    size: int = 512
+    azimuths: int = 8
+    elevations: tuple[float, ...] = (0.0, 45.0, -45.0)
+    poles: bool = True
+    fovy_deg: float = 49.1
+    margin: float = 1.05
+
+    def validate(self) -> None:
+        self.require("size", self.size >= 8, "must be at least 8 pixels")
+        self.require(
+            "azimuths", self.azimuths >= 1 or self.poles, "the bake needs a view: azimuths >= 1 or poles"
+        )
+        self.require("fovy_deg", 0.0 < self.fovy_deg < 180.0, "must be in (0, 180)")
+        self.require("margin", self.margin > 0.0, "must be positive")
+
+    @property
+    def num_views(self) -> int:
+        return self.azimuths * len(self.elevations) + (2 if self.poles else 0)
+
+
+RENDER_BACKENDS = ("auto", "torch", "gsplat")
+
+
+@dataclass
+class BakeConfig(Config):
+    """The back-projection bake (:mod:`microdreamer.texture.bake`, whose docstring has the method).
+
+    Attributes:
+        views: the view set.
+        cos_threshold: texels seen at a cosine at or below this are not taken from that view.
+        cos_power: blending weight ``alpha * cosine ** cos_power``.
+        min_alpha: the splat's looked-up alpha below which a view gives no colour.
+        depth_eps: relative depth tolerance of the visibility test, added to the slope allowance.
+        cull_backfaces: skip back faces when rasterising for visibility (faster; exact for closed,
+            consistently wound meshes such as the mesh stage makes; set False for open meshes).
+        view_batch: views rendered and rasterised at once; None = all views at once on a GPU (the
+            rasteriser is bound by per-call overhead there: H200, 26 views of 512^2, 50k faces: 0.05 s
+            in one batch, 0.34 s in batches of 4; peak 4.1 GB) and 4 on the CPU.
+        backend: Gaussian renderer backend.
+    """
+
+    views: BakeViewsConfig = dataclasses.field(default_factory=BakeViewsConfig)
+    cos_threshold: float = 0.1
+    cos_power: float = 4.0
+    min_alpha: float = 0.5
+    depth_eps: float = 2e-3
+    cull_backfaces: bool = True
+    view_batch: int | None = None
+    backend: str = "auto"
+
+    def validate(self) -> None:
+        self.require("cos_threshold", -1.0 <= self.cos_threshold < 1.0, "must be in [-1, 1)")
+        self.require("cos_power", self.cos_power >= 0, "must be 0 or more")
+        self.require("min_alpha", 0.0 <= self.min_alpha <= 1.0, "must be in [0, 1]")
+        self.require(
+            "view_batch", self.view_batch is None or self.view_batch >= 1, "must be at least 1, or none"
+        )
+        self.choose("backend", RENDER_BACKENDS)
+
+
+@dataclass
+class RefineConfig(Config):
+    """Stage-2 texture refinement against target images (:mod:`microdreamer.texture.refine`).
+
+    Attributes:
+        steps: optimisation steps; 0 turns refinement off.
+        lr: Adam learning rate on texel values in [0, 1].
+        views: size of the pool of random orbit views (rasterised once).
+        batch: views per step.
+        size: H = W of the views.
+        elevation_range: elevations are drawn uniformly from this range (degrees, negative = above).
+        fovy_deg, margin: framing, as in the bake (see :class:`BakeViewsConfig`).
+        cache_targets: compute each pool view's targets once (True) or call the target function per batch.
+        seed: seeds the pool's view directions and the batch order.
+    """
+
+    steps: int = setting(0, "stage-2 texture refinement steps against the splat's renders (0: off)")
+    lr: float = 0.01
+    views: int = 32
+    batch: int = 4
+    size: int = 512
+    elevation_range: tuple[float, float] = (-60.0, 60.0)
+    fovy_deg: float = 49.1
+    margin: float = 1.05
+    cache_targets: bool = True
+    seed: int = 0
+
+    def validate(self) -> None:
+        self.require("steps", self.steps >= 0, "must be 0 or more steps")
+        self.require("lr", self.lr > 0, "must be positive")
+        self.require("views", self.views >= 1, "must be at least 1")
+        self.require("batch", self.batch >= 1, "must be at least 1")
+
+
+TEXTURE_MODES = ("bake", "field", "none")
+
+
+@dataclass
+class TextureConfig(Config):
+    """The texture stage (:mod:`microdreamer.texture`).
+
+    Attributes:
+        mode: ``"bake"`` (from splat renders), ``"field"`` (from the colour field) or ``"none"``.
+        size: the texture is size x size texels.
+        max_faces: face cap before unwrapping (decimation); None = no cap.
+        padding: texels between charts in the atlas.
+        chart_iterations: xatlas's chart-growing iterations (``ChartOptions.max_iterations``): 1 (its
+            default) gives the fewest charts; 0 skips the refinement, ~1.4x faster on a smooth 10k-face
+            mesh and ~7x on a noisy one, for ~20 % more charts (more seams) at the same atlas use.
+        bake: the back-projection bake (view set, thresholds, renderer backend).
+        field_cutoff_tol: the field bake's cutoff (as ``FieldConfig.cutoff_tol``); the field's other
+            normalisation settings are FieldConfig's defaults.
+        refine: stage-2 refinement; ``refine.steps = 0`` (the default) skips it.
+    """
+
+    mode: str = setting("bake", "bake: from splat renders; field: from the splat's colour field; none",
+                        choices=TEXTURE_MODES)  # fmt: skip
+    size: int = setting(1024, "texture atlas side in texels")
+    max_faces: int | None = 50_000
+    padding: int = 2
+    chart_iterations: int = 1
+    bake: BakeConfig = dataclasses.field(default_factory=BakeConfig)
+    field_cutoff_tol: float = 1e-4
+    refine: RefineConfig = dataclasses.field(default_factory=RefineConfig)
+
+    def validate(self) -> None:
+        self.choose("mode", TEXTURE_MODES)
+        self.require("size", 16 <= self.size <= 16384, "must be between 16 and 16384 texels")
+        self.require(
+            "max_faces", self.max_faces is None or self.max_faces >= 4, "must be at least 4, or none"
+        )
+        self.require("padding", self.padding >= 0, "must be 0 or more")
+        self.require("chart_iterations", self.chart_iterations >= 0, "must be 0 or more")
+        self.require("field_cutoff_tol", 0.0 < self.field_cutoff_tol < 1.0, "must be in (0, 1)")
+
+
+@dataclass
+class TrainConfig(Config):
+    """Gaussian optimisation (:mod:`microdreamer.train`): initialisation, Adam, the position schedule,
+    densification, the loss.
+
+    The defaults are MicroDreamer's (``configs/image_sai.yaml`` and the arguments its ``main.py`` passes
+    to DreamGaussian's ``GaussianModel``), including the effective values its code derives: the random
+    initialisation's ``spatial_lr_scale`` of 10 multiplies the position learning rates (0.01 down to
+    0.0002), and its exponential schedule is called without delay steps; densification uses ``extent =
+    4`` (clone when the largest scale is <= ``percent_dense * 4`` = 0.04, split otherwise; prune opacity <
+    0.005 and largest scale > ``0.1 * 4`` = 0.4); its screen-size prune is a no-op there (the 2D radii
+    are zeroed by the densification that runs just before it), so ours is off; SH features of degree > 0
+    learn at ``feature_lr / 20``.
+
+    Attributes:
+        num_pts: Gaussians of the random initialisation, uniform in a ball.
+        init_radius: radius of that ball (world units, centred at the origin).
+        sh_degree: SH degree of the optimised splat (0..3).
+        init_opacity: initial opacity of every Gaussian.
+        position_lr_init, position_lr_final: the position learning rate's exponential schedule, before
+            multiplication by ``spatial_lr_scale``.
+        position_lr_delay_steps, position_lr_delay_mult: optional warm-up (3DGS's "delay"): the rate is
+            scaled by ``delay_mult`` at step 0 rising to 1 at ``delay_steps`` along a sine.
+        position_lr_max_steps: the step at which the schedule reaches its final rate.
+        spatial_lr_scale: multiplies both position learning rates.
+        feature_lr: learning rate of the degree-0 SH (colour); higher bands use ``feature_lr *
+            sh_rest_lr_factor``.
+        opacity_lr, scaling_lr, rotation_lr: learning rates of the opacity logits, log-scales and
+            quaternions.
+        adam_eps: Adam's epsilon.
+        densify_start_iter, densify_end_iter: gradients are accumulated, and densification runs, at steps
+            in [start, end] (steps count from 1).
+        densify_interval: densify and prune at steps that are multiples of this.
+        densify_grad_threshold: a Gaussian whose mean view-space gradient norm (in NDC units: pixel
+            gradient times W/2, H/2, averaged over the views that drew it) reaches this is cloned or split.
+        percent_dense: clone when the largest scale <= percent_dense * scene_extent, else split.
+        scene_extent: the scene size that scales the two scale thresholds.
+        prune_min_opacity: prune Gaussians less opaque than this.
+        prune_max_scale: prune Gaussians whose largest scale exceeds this fraction of scene_extent.
+        prune_max_screen_radius: if set, also prune Gaussians whose 2D radius (pixels) exceeded this since
+            the previous densification.
+        opacity_reset_interval: every this many steps (while densifying) clamp opacities to
+            ``opacity_reset_value``; 0 disables.
+        max_gaussians: if set, densification never grows the splat beyond this (highest gradients first).
+        lambda_rgb: weight of the RGB L1 term (summed over pixels and channels, divided by C).
+        lambda_alpha: weight of the alpha squared-error term (summed over pixels, divided by C), used when
+            targets are RGBA. MicroDreamer's novel views carry no alpha term: 0.
+        background: RGB background the renders and RGBA targets are composited over.
+        random_background: draw a random background colour per view and step instead (makes alpha
+            observable from colour alone).
+        backend: render backend.
+        seed: seeds initialisation, splitting and random backgrounds.
+    """
+
+    num_pts: int = 5000
+    init_radius: float = 0.5
+    sh_degree: int = 0
+    init_opacity: float = 0.1
+    position_lr_init: float = 0.001
+    position_lr_final: float = 0.00002
+    position_lr_delay_steps: int = 0
+    position_lr_delay_mult: float = 0.02
+    position_lr_max_steps: int = 500
+    spatial_lr_scale: float = 10.0
+    feature_lr: float = 0.01
+    sh_rest_lr_factor: float = 1.0 / 20.0
+    opacity_lr: float = 0.05
+    scaling_lr: float = 0.005
+    rotation_lr: float = 0.0005
+    adam_eps: float = 1e-15
+    densify_start_iter: int = 0
+    densify_end_iter: int = 300
+    densify_interval: int = 100
+    densify_grad_threshold: float = 0.01
+    percent_dense: float = 0.01
+    scene_extent: float = 4.0
+    prune_min_opacity: float = 0.005
+    prune_max_scale: float = 0.1
+    prune_max_screen_radius: float | None = None
+    opacity_reset_interval: int = 700
+    opacity_reset_value: float = 0.01
+    max_gaussians: int | None = None
+    lambda_rgb: float = 1.0
+    lambda_alpha: float = 0.0
+    background: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    random_background: bool = False
+    backend: str = "auto"
+    seed: int = 0
+
+    def validate(self) -> None:
+        self.require("sh_degree", 0 <= self.sh_degree <= 3, "must be in 0..3")
+        self.require("num_pts", self.num_pts >= 1, "must be at least 1")
+        self.require("densify_interval", self.densify_interval >= 1, "must be at least 1")
+        self.require("max_gaussians", self.max_gaussians is None or self.max_gaussians >= 1,
+                     "must be at least 1, or none")  # fmt: skip
+        self.choose("backend", RENDER_BACKENDS)
+
+
+def _reconstruction_train_config() -> TrainConfig:
+    return TrainConfig(
+        position_lr_max_steps=2000,
+        densify_start_iter=100,
+        densify_end_iter=1200,
+        densify_interval=100,
+        opacity_reset_interval=500,
+        max_gaussians=500_000,
+        lambda_alpha=1.0,
+        random_background=True,
+    )
+
+
+@dataclass
+class ReconstructConfig(Config):
+    """Optimising a splat to reproduce posed RGBA views (``microdreamer.train.reconstruct``).
+
+    Attributes:
+        train: the optimisation settings; the defaults differ from MicroDreamer's (which are tuned for 500
+            steps against a diffusion prior) in: a 2000-step position schedule, densification from step
+            100 to 1200 (threshold: see ``densify_grad_threshold_3dgs``) capped at 500k Gaussians, opacity
+            resets at steps 500 and 1000 (they clear the initial ball's occluded interior, which would
+            otherwise leave density ~1 inside the object), an alpha term and random backgrounds.
+        iters: optimisation steps.
+        batch_views: views rendered per step (MicroDreamer renders 6).
+        log_every: update the progress bar's loss every this many steps.
+        densify_grad_threshold_3dgs: if set, replaces ``train.densify_grad_threshold`` by this threshold in
+            3DGS's convention (a per-view mean L1 loss; 3DGS uses 0.0002) converted to our per-view L1 sum:
+            times ``H * W * 3 / batch_views``. MicroDreamer's 0.01 on 256^2 views is ~3e-7 in that
+            convention (it densifies nearly every Gaussian, three times).
+    """
+
+    train: TrainConfig = dataclasses.field(default_factory=_reconstruction_train_config)
+    iters: int = setting(2000, "optimisation steps")
+    batch_views: int = 6
+    log_every: int = 25
+    densify_grad_threshold_3dgs: float | None = 0.0002
+
+    def validate(self) -> None:
+        self.require("iters", self.iters >= 1, "must be at least 1")
+        self.require("batch_views", self.batch_views >= 1, "must be at least 1")
+        self.require("log_every", self.log_every >= 1, "must be at least 1")
+
+
+@dataclass
+class SIRConfig(Config):
+    """Score-based iterative reconstruction (:mod:`microdreamer.sir`); the defaults are MicroDreamer's
+    for image-to-3D with Stable-Zero123.
+
+    Attributes:
+        iterations: K outer iterations (the first starts from pure noise).
+        views: C novel views per iteration.
+        t_start, t_end: t2 / T of the second and of the last iteration; linear in between.
+        init_steps: reconstruction steps of the first iteration.
+        recon_steps: reconstruction steps of every later iteration.
+        elevation_range: (a, b) degrees of the novel views' elevations (see
+            ``priors.base.even_orbit_views``).
+        radius: orbit radius of every camera.
+        fovy_deg: vertical field of view of every camera.
+        image_size: render and target side in pixels.
+        lambda_views: weight of the novel views' L1 (summed over pixels and channels, averaged over views).
+        lambda_ref_rgb: weight of the reference view's L1 (summed).
+        lambda_ref_mask: weight of the reference view's alpha squared error (summed).
+        final_min_opacity: the last prune drops Gaussians less opaque than this.
+        white_prune: also drop large over-white Gaussians that add visible opacity.
+        white_color: "over-white": every channel of ``0.5 + C0 * sh_dc`` (before clamping) above this.
+        white_min_scale: "large": the largest scale above this (world units).
+        white_alpha_drop: such a Gaussian goes when removing all of them lowers the alpha at its projected
+            centre by more than this in one of six check views.
+        white_check_size: side of the check views' renders.
+        train: the Gaussian optimisation (initialisation, Adam, schedule, densification).
+        seed: seeds the views, the diffusion noise and the initialisation.
+    """
+
+    iterations: int = setting(20, "SIR iterations")
+    views: int = 6
+    t_start: float = 0.9
+    t_end: float = 0.2
+    init_steps: int = 15
+    recon_steps: int = 15
+    elevation_range: tuple[float, float] = (-30.0, 30.0)
+    radius: float = 2.0
+    fovy_deg: float = 49.1
+    image_size: int = 256
+    lambda_views: float = 1.0
+    lambda_ref_rgb: float = 0.3
+    lambda_ref_mask: float = 0.01
+    final_min_opacity: float = 0.01
+    white_prune: bool = True
+    white_color: float = 1.0
+    white_min_scale: float = 0.01
+    white_alpha_drop: float = 0.1
+    white_check_size: int = 256
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    seed: int = setting(0, "random seed")
+
+    def validate(self) -> None:
+        self.require("iterations", self.iterations >= 1, "must be at least 1")
+        self.require("views", self.views >= 1, "must be at least 1")
+        self.require("t_start", 0.0 < self.t_start <= 1.0, "must be in (0, 1]")
+        self.require("t_end", 0.0 < self.t_end <= 1.0, "must be in (0, 1]")
+        self.require("init_steps", self.init_steps >= 0, "must be 0 or more")
+        self.require("recon_steps", self.recon_steps >= 0, "must be 0 or more")
+        self.require("image_size", self.image_size >= 8, "must be at least 8 pixels")
+
+
+@dataclass
+class DDIMConfig(Config):
+    """The DDIM schedule (:mod:`microdreamer.priors.ddim`; MicroDreamer's and Zero123's: Stable
+    Diffusion's scaled-linear betas).
+
+    Attributes:
+        num_train_timesteps: T.
+        num_inference_steps: DDIM steps over [0, T) (the grid).
+        beta_start, beta_end, beta_schedule: the noise schedule.
+        timestep_spacing: how the grid is laid out ("leading": 0, T/steps, ...; plus ``steps_offset``).
+        steps_offset: added to every grid timestep.
+        clip_sample: clip the predicted clean latents to [-1, 1] (off: latents are not in [-1, 1]).
+        set_alpha_to_one: alpha of the step past the last one (False: alphas_cumprod[0], SD's choice).
+    """
+
+    num_train_timesteps: int = 1000
+    num_inference_steps: int = 20
+    beta_start: float = 0.00085
+    beta_end: float = 0.012
+    beta_schedule: str = "scaled_linear"
+    timestep_spacing: str = "leading"
+    steps_offset: int = 1
+    clip_sample: bool = False
+    set_alpha_to_one: bool = False
+
+    def validate(self) -> None:
+        self.require("num_inference_steps", 1 <= self.num_inference_steps <= self.num_train_timesteps,
+                     f"must be in 1..{self.num_train_timesteps}")  # fmt: skip
+        self.choose("timestep_spacing", ("leading", "trailing"))
+
+    def scheduler_kwargs(self) -> dict:
+        return {
+            "num_train_timesteps": self.num_train_timesteps,
+            "beta_start": self.beta_start,
+            "beta_end": self.beta_end,
+            "beta_schedule": self.beta_schedule,
+            "timestep_spacing": self.timestep_spacing,
+            "steps_offset": self.steps_offset,
+            "clip_sample": self.clip_sample,
+            "set_alpha_to_one": self.set_alpha_to_one,
+            "prediction_type": "epsilon",
+        }
+
+
+CAMERA_EMBEDDINGS = ("stable-zero123", "zero123-xl")
+DEFAULT_ZERO123 = "ashawkey/stable-zero123-diffusers"
+DTYPES = ("auto", "float16", "bfloat16", "float32")
+
+
+@dataclass
+class Zero123Config(Config):
+    """The Zero123 prior (:mod:`microdreamer.priors.zero123`): which model, and MicroDreamer's sampling
+    settings. The speed switches cite ``benchmarks/results/generate_h200.json``.
+
+    Attributes:
+        model: a diffusers-format folder, or a Hugging Face repo id already in the local cache.
+        camera_embedding: "stable-zero123", "zero123-xl", or "auto" (the model folder's
+            ``model_index.json`` says, else "stable" in the model's name picks stable-zero123).
+        guidance_scale: classifier-free guidance of the denoising steps (MicroDreamer: 3.0).
+        eta: DDIM eta of the denoising steps (MicroDreamer: 0.5).
+        inversion_ratio: t1 = inversion_ratio * t2: noise is added up to t1, then DDIM inversion with the
+            unconditional prediction runs from t1 to t2 (MicroDreamer: 0.6).
+        image_size: the side of the images the model sees (Zero123: 256); other sizes are resized.
+        dtype: "auto" (float16 on CUDA, float32 on the CPU), "float16", "bfloat16" or "float32".
+        cuda_graphs: replay the UNet (one graph per batch size) and the VAE's encoder and decoder from CUDA
+            graphs instead of launching their kernels one by one from Python; CUDA only.
+        channels_last: keep the UNet's activations in NHWC (the tensor cores' layout); CUDA only. H200,
+            fp16, CUDA graphs: guided call (batch 12) 13.2 -> 11.7 ms, unconditional (batch 6) 9.8 -> 7.9 ms.
+        vae_channels_last: the same for the VAE: faster only with ``fused_group_norm`` (PyTorch's
+            GroupNorm has no NHWC kernel; encode of 6 views 9.9 -> 7.4 ms, decode 15.3 -> 14.8 ms).
+        cudnn_benchmark: let cuDNN time its convolution algorithms per shape (inside the prior's calls
+            only); CUDA only. Off: no gain measured on the H200.
+        single_token_cross_attention: compute the UNet's cross-attention to its one context token as that
+            token's projected value (the same result up to rounding, without the per-position
+            query/key/output projections and attention). H200: diffusion 4.73 -> 4.60 s per generation.
+        fused_group_norm: run the UNet's and the VAE's group norms (with the SiLU after them and the ResNet
+            blocks' time-embedding and conv1-bias adds) and the UNet's GEGLU gates as Triton kernels
+            (:mod:`microdreamer.priors.fused`); CUDA only, the norms only where the tensors are
+            channels-last. H200: guided UNet call 11.8 -> 9.1 ms, VAE decode 23.4 -> 12.4 ms.
+        hf_cache_dir: the Hugging Face cache to look repo ids up in (None: the default one).
+        ddim: the DDIM schedule.
+    """
+
+    model: str = setting(
+        DEFAULT_ZERO123, "diffusers-format folder or a repo id in the local Hugging Face cache"
+    )
+    camera_embedding: str = "auto"
+    guidance_scale: float = 3.0
+    eta: float = 0.5
+    inversion_ratio: float = 0.6
+    image_size: int = 256
+    dtype: str = "auto"
+    cuda_graphs: bool = True
+    channels_last: bool = True
+    vae_channels_last: bool = True
+    cudnn_benchmark: bool = False
+    single_token_cross_attention: bool = True
+    fused_group_norm: bool = True
+    hf_cache_dir: str | None = None
+    ddim: DDIMConfig = dataclasses.field(default_factory=DDIMConfig)
+
+    def validate(self) -> None:
+        self.choose("camera_embedding", ("auto", *CAMERA_EMBEDDINGS))
+        self.choose("dtype", DTYPES)
+        self.require("inversion_ratio", 0.0 < self.inversion_ratio <= 1.0, "must be in (0, 1]")
+        self.require("image_size", self.image_size >= 8, "must be at least 8 pixels")
+
+
+MASK_METHODS = ("auto", "alpha", "rembg", "grabcut")
+
+
+@dataclass
+class ImageConfig(Config):
+    """Input preparation for image-to-3D (:mod:`microdreamer.data.image`).
+
+    Attributes:
+        size: output side in pixels (Zero123 works at 256).
+        object_fraction: the object's bounding box's longer side as a fraction of ``size``
+            (DreamGaussian / MicroDreamer: 1 - border ratio 0.2 = 0.8).
+        recenter: scale and centre the object; False keeps the framing (only resizes to ``size``).
+        background: "auto" (alpha, else rembg if usable, else GrabCut) or one of them by name.
+        rembg_model: the rembg session name (its ONNX file must be on disk).
+        grabcut_margin: GrabCut's initial rectangle leaves this fraction of each side as background.
+        grabcut_iterations: GrabCut iterations.
+        bbox_alpha: pixels with alpha above this count towards the object's bounding box.
+    """
+
+    size: int = 256
+    object_fraction: float = 0.8
+    recenter: bool = True
+    background: str = "auto"
+    rembg_model: str = "u2net"
+    grabcut_margin: float = 0.05
+    grabcut_iterations: int = 5
+    bbox_alpha: float = 0.5 / 255.0
+
+    def validate(self) -> None:
+        self.choose("background", MASK_METHODS)
+        self.require("object_fraction", 0.0 < self.object_fraction <= 1.0, "must be in (0, 1]")
+        self.require("size", self.size >= 8, "must be at least 8 pixels")
+        self.require("grabcut_margin", 0.0 <= self.grabcut_margin < 0.5, "must be in [0, 0.5)")
+        self.require("grabcut_iterations", self.grabcut_iterations >= 1, "must be at least 1")
+
+
+# ============================================================================== jobs
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class ExportConfig(Config):
+    """Splat -> density field -> mesh -> texture -> file (:func:`microdreamer.jobs.export.export_mesh`),
+    the ``mesh`` command's job and every other job's mesh export."""
+
+    field: FieldConfig = dataclasses.field(default_factory=FieldConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    texture: TextureConfig = dataclasses.field(default_factory=TextureConfig)
+
+
+def _reconstruct_export() -> ExportConfig:
+    return ExportConfig(mesh=MeshConfig(threshold=0.2))
+
+
+@dataclass
+class ReconstructJobConfig(Config):
+    """``microdreamer reconstruct``: train on a dataset's views, evaluate on its held-out ones, export.
+
+    Attributes:
+        reconstruct: the optimisation.
+        export: the mesh export. Its iso-level is MicroDreamer's ``density_thresh`` 0.2: a reconstructed
+            surface is a thin layer of partly transparent Gaussians whose summed density peaks near 1, so
+            DreamGaussian's level 1 cuts inside it (Spot, H200: Chamfer-L1 0.99% of the diagonal at 1,
+            0.25% at 0.2).
+        eval_background: background of the held-out evaluation renders and targets (PSNR, SSIM).
+        mesh: write the mesh (False: splat and metrics only).
+    """
+
+    reconstruct: ReconstructConfig = dataclasses.field(default_factory=ReconstructConfig)
+    export: ExportConfig = dataclasses.field(default_factory=_reconstruct_export)
+    eval_background: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    mesh: bool = True
+
+
+def _generate_export() -> ExportConfig:
+    """generate's export: a 512^2 atlas baked from splat renders onto the mesh capped at 10k faces. The cap
+    bounds xatlas (single-threaded, superlinear in faces: 0.5 s at 5k, 1 s at 10k, 4.7 s at 20k, 16 s at
+    50k faces of a smooth mesh on the 2-core dev CPU; on the H200 host, the random model's noise mesh: ~2 s
+    at 10k, 19 s at 50k); 512^2 texels suit views made at 256^2. xatlas runs without chart refinement
+    (``chart_iterations=0``): on a noisy 10k-face mesh of this dev CPU 0.44 s instead of 2.97 s, on a
+    smooth one 0.61 s instead of 0.88 s, for ~20 % more charts."""
+    return ExportConfig(texture=TextureConfig(size=512, max_faces=10_000, chart_iterations=0))
+
+
+RANDOM_WEIGHTS = ("tiny", "full")
+
+
+@dataclass
+class GenerateConfig(Config):
+    """``microdreamer generate``: every stage's settings.
+
+    Attributes:
+        image: input preparation (its ``size`` must equal ``sir.image_size``).
+        prior: the Zero123 prior (model, guidance, DDIM schedule).
+        sir: score-based iterative reconstruction (iterations, views, losses, training, seed).
+        export: the mesh export (field, mesh, texture; ``texture.mode = "none"`` exports it untextured).
+        elevation_deg: elevation of the input image's camera (MicroDreamer's sign: negative = above).
+        views_size: side of each of the 8 preview renders in views.png.
+        warmup: before the SIR loop, capture the prior's CUDA graphs (timed as its own stage).
+    """
+
+    image: ImageConfig = dataclasses.field(default_factory=ImageConfig)
+    prior: Zero123Config = dataclasses.field(default_factory=Zero123Config)
+    sir: SIRConfig = dataclasses.field(default_factory=SIRConfig)
+    export: ExportConfig = dataclasses.field(default_factory=_generate_export)
+    elevation_deg: float = setting(0.0, "elevation of the input view in degrees (MicroDreamer's sign: "
+                                   "negative = from above)")  # fmt: skip
+    views_size: int = 256
+    warmup: bool = True
+
+    def validate(self) -> None:
+        self.require("elevation_deg", -90.0 < self.elevation_deg < 90.0, "must be between -90 and 90 degrees")
+        self.require("views_size", self.views_size >= 8, "must be at least 8 pixels")
+        if self.image.size != self.sir.image_size:
+            raise ConfigError("GenerateConfig", "image.size", self.image.size,
+                              f"differs from sir.image_size ({self.sir.image_size}); set both to one size")  # fmt: skip
+
+
+def _demo_export() -> ExportConfig:
+    return ExportConfig(mesh=MeshConfig(threshold=0.2), texture=TextureConfig(size=256))
+
+
+@dataclass
+class DemoConfig(Config):
+    """``microdreamer demo``: an object built in code -> views -> splat -> mesh, sized for a 2-core CPU.
+
+    Attributes:
+        views, held_out: training and held-out views of the object.
+        size: view side in pixels (the bake renders at twice this).
+        iters: reconstruction steps (the schedule scales with it).
+        batch_views: views per step.
+        num_pts: Gaussians of the initial ball.
+        max_gaussians: cap on densification.
+        seed: seeds the views' elevations and the optimisation.
+        export: the mesh export (iso-level 0.2, a 256^2 texture).
+    """
+
+    views: int = 16
+    held_out: int = 4
+    size: int = setting(64, "view size in pixels")
+    iters: int = setting(300, "reconstruction steps")
+    batch_views: int = 4
+    num_pts: int = 2000
+    max_gaussians: int = 6000
+    seed: int = setting(0, "random seed of the views and the optimisation")
+    export: ExportConfig = dataclasses.field(default_factory=_demo_export)
+
+    def validate(self) -> None:
+        self.require("views", self.views >= 1, "must be at least 1")
+        self.require("held_out", 0 <= self.held_out <= self.views, "must be in 0..views")
+        self.require("size", 16 <= self.size <= 1024, "must be between 16 and 1024 pixels")
+        self.require("iters", self.iters >= 1, "must be at least 1")
+        self.require("batch_views", self.batch_views >= 1, "must be at least 1")
+
+
+@dataclass
+class ViewsConfig(Config):
+    """``microdreamer render-views``: a transforms.json dataset of orbit views of a mesh
+    (:func:`microdreamer.data.views.render_views`).
+
+    Attributes:
+        views: training views, azimuths spread evenly.
+        held_out: extra held-out views, at azimuths between training ones.
+        size: image width = height in pixels.
+        seed: seed of the random elevations in [-30, 30] degrees.
+        radius, fovy_deg: the orbit camera (MicroDreamer's 2 and 49.1 degrees).
+        object_radius: the mesh is normalised so that its farthest vertex is this far from its centre.
+        ssaa: supersampling factor per axis of the antialiased renders.
+    """
+
+    views: int = setting(32, "training views, azimuths spread evenly")
+    held_out: int = setting(4, "extra held-out views")
+    size: int = setting(256, "image size in pixels")
+    seed: int = setting(0, "seed of the random elevations in [-30, 30]")
+    radius: float = 2.0
+    fovy_deg: float = 49.1
+    object_radius: float = 0.6
+    ssaa: int = 2
+
+    def validate(self) -> None:
+        self.require("views", self.views >= 1, "must be at least 1")
+        self.require("held_out", 0 <= self.held_out <= self.views, "must be in 0..views")
+        self.require("size", 16 <= self.size <= 4096, "must be between 16 and 4096 pixels")
+        self.require("ssaa", self.ssaa >= 1, "must be at least 1")
+        self.require("object_radius", self.object_radius > 0, "must be positive")
+
+
+@dataclass
+class TurntableConfig(Config):
+    """``microdreamer render``: a turntable video or contact sheet of a mesh or a splat
+    (:func:`microdreamer.jobs.turntable.render_turntable`).
+
+    Attributes:
+        frames: video frames over one turn.
+        size: frame width and height in pixels.
+        elevation_deg: camera elevation (0 = level; negative = above, MicroDreamer's sign).
+        fps: video frame rate.
+        sheet_views: views on a .png contact sheet (4 per row).
+    """
+
+    frames: int = setting(120, "video frames")
+    size: int = setting(512, "frame size in pixels")
+    elevation_deg: float = setting(0.0, "camera elevation in degrees")
+    fps: int = 30
+    sheet_views: int = 8
+
+    def validate(self) -> None:
+        self.require("frames", self.frames >= 1, "must be at least 1")
+        self.require("size", 16 <= self.size <= 4096, "must be between 16 and 4096 pixels")
+        self.require("fps", self.fps >= 1, "must be at least 1")
+        self.require("sheet_views", self.sheet_views >= 1, "must be at least 1")
+
+
+# ======================================================================= loading
+
+_NUMBER = {int: int, float: float}
+
+
+def _coerce(value: Any, annotation: Any) -> Any:
+    """A value read from YAML, with numbers written as strings (``1.0e9``) read as numbers."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(annotation):
+            if option is not type(None):
+                coerced = _coerce(value, option)
+                if coerced is not value:
+                    return coerced
+        return value
+    if annotation in _NUMBER and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        if annotation is int and not number.is_integer():
+            return value
+        return _NUMBER[annotation](number)
+    if origin is tuple and isinstance(value, list):
+        return tuple(value)
     return value
 
 
-def from_dict(cls: type[T], data: dict, where: str = "config") -> T:
-    """Build dataclass ``cls`` from a (nested) mapping, checking keys and simple types."""
+def from_dict(cls: type[T], data: Any, where: str = "config", base: T | None = None) -> T:
+    """Build dataclass ``cls`` from a (nested) mapping: the fields it names, the rest from ``base`` (or the
+    defaults). Unknown keys, wrong types and broken rules raise one :class:`InputError` line naming
+    ``where`` and the key."""
     if not isinstance(data, dict):
         raise InputError(f"{where}: expected a mapping of {cls.__name__} fields, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(map(str, data)) - set(names))
     if unknown:
-        raise InputError(
-            f"{where}: unknown {cls.__name__} field(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}"
-        )
+        raise InputError(f"{where}: unknown {cls.__name__} field(s) {', '.join(unknown)}; "
+                         f"valid: {', '.join(sorted(names))}")  # fmt: skip
+    base = base if base is not None else cls()
     kwargs = {}
     for key, value in data.items():
-        ann = hints[key]
-        default = getattr(cls(), key) if key in names else None
-        if dataclasses.is_dataclass(ann) or (isinstance(value, dict) and dataclasses.is_dataclass(default)):
-            sub = ann if dataclasses.is_dataclass(ann) else type(default)
-            kwargs[key] = from_dict(sub, value, f"{where}.{key}")
+        current = getattr(base, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            kwargs[key] = from_dict(type(current), value, f"{where}.{key}", current)
         else:
-            kwargs[key] = _coerce(value, ann, f"{where}.{key}")
+            kwargs[key] = _coerce(value, hints[key])
     try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as e:
+        return dataclasses.replace(base, **kwargs)
+    except ConfigError as e:
+        raise InputError(f"{where}: {e}") from None
+    except (TypeError, ValueError) as e:
         raise InputError(f"{where}: {e}") from None
 
 
 def load_preset(cls: type[T], path: str | os.PathLike) -> T:
-    """Load a YAML preset into dataclass ``cls``."""
+    """Load a YAML preset into dataclass ``cls`` (the fields it names; the rest keep their defaults)."""
     import yaml
 
     path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: config preset not found")
+    if not path.is_file():
+        raise InputError(f"{path}: config preset not found; give the path of a YAML file")
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
         first = str(e).splitlines()[0]
         raise InputError(f"{path}: not valid YAML ({first})") from None
     return from_dict(cls, data, str(path))
+
+
+def replace_path(cfg: T, path: str, value: Any) -> T:
+    """A copy of ``cfg`` with the field at dotted ``path`` (``"mesh.threshold"``) set to ``value``; every
+    config on the way is rebuilt, so each validates again (a :class:`ConfigError` names the field)."""
+    head, _, rest = path.partition(".")
+    if rest:
+        return dataclasses.replace(cfg, **{head: replace_path(getattr(cfg, head), rest, value)})
+    return dataclasses.replace(cfg, **{head: value})
+
+
+def get_path(cfg: Any, path: str) -> Any:
+    """The value at dotted ``path`` of ``cfg``."""
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def field_at(cls: type, path: str) -> tuple[type, dataclasses.Field]:
+    """The dataclass owning the field at dotted ``path`` of ``cls``, and that field."""
+    *heads, last = path.split(".")
+    owner = cls
+    for part in heads:
+        owner = type(getattr(owner(), part))
+    return owner, {f.name: f for f in dataclasses.fields(owner)}[last]
 
 
 def to_dict(obj: Any) -> Any:

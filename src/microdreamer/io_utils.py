@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from microdreamer.errors import InputError
 
 
@@ -39,3 +41,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def to_uint8(image: np.ndarray) -> np.ndarray:
+    """A float image in [0, 1] (clipped) as uint8, rounded to nearest (ties to even)."""
+    return np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)

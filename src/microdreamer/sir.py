@@ -23,82 +23,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from microdreamer.cameras import Cameras
+from microdreamer.config import SIRConfig
 from microdreamer.priors.base import OrbitViews, Prior, Reference, even_orbit_views
 from microdreamer.profiling import StageTimer
 from microdreamer.splat import SH_C0, Splat
-from microdreamer.train import GaussianTrainer, TrainConfig, random_ball_splat
+from microdreamer.train import GaussianTrainer, random_ball_splat
 
 logger = logging.getLogger(__name__)
 
 WHITE = (1.0, 1.0, 1.0)
-
-
-@dataclass
-class SIRConfig:
-    """SIR settings; the defaults are MicroDreamer's for image-to-3D with Stable-Zero123.
-
-    Attributes:
-        iterations: K outer iterations (the first starts from pure noise).
-        views: C novel views per iteration.
-        t_start, t_end: t2 / T of the second and of the last iteration; linear in between.
-        init_steps: reconstruction steps of the first iteration.
-        recon_steps: reconstruction steps of every later iteration.
-        elevation_range: (a, b) degrees of the novel views' elevations (see
-            :func:`~microdreamer.priors.base.even_orbit_views`).
-        radius: orbit radius of every camera.
-        fovy_deg: vertical field of view of every camera.
-        image_size: render and target side in pixels.
-        lambda_views: weight of the novel views' L1 (summed over pixels and channels, averaged over views).
-        lambda_ref_rgb: weight of the reference view's L1 (summed).
-        lambda_ref_mask: weight of the reference view's alpha squared error (summed).
-        final_min_opacity: the last prune drops Gaussians less opaque than this.
-        white_prune: also drop large over-white Gaussians that add visible opacity.
-        white_color: "over-white": every channel of ``0.5 + C0 * sh_dc`` (before clamping) above this.
-        white_min_scale: "large": the largest scale above this (world units).
-        white_alpha_drop: such a Gaussian goes when removing all of them lowers the alpha at its
-            projected centre by more than this in one of six check views.
-        white_check_size: side of the check views' renders.
-        train: the Gaussian optimisation (initialisation, Adam, schedule, densification).
-        seed: seeds the views, the diffusion noise and the initialisation.
-    """
-
-    iterations: int = 20
-    views: int = 6
-    t_start: float = 0.9
-    t_end: float = 0.2
-    init_steps: int = 15
-    recon_steps: int = 15
-    elevation_range: tuple[float, float] = (-30.0, 30.0)
-    radius: float = 2.0
-    fovy_deg: float = 49.1
-    image_size: int = 256
-    lambda_views: float = 1.0
-    lambda_ref_rgb: float = 0.3
-    lambda_ref_mask: float = 0.01
-    final_min_opacity: float = 0.01
-    white_prune: bool = True
-    white_color: float = 1.0
-    white_min_scale: float = 0.01
-    white_alpha_drop: float = 0.1
-    white_check_size: int = 256
-    train: TrainConfig = field(default_factory=TrainConfig)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.iterations < 1:
-            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
-        if self.views < 1:
-            raise ValueError(f"views must be >= 1, got {self.views}")
-        if not (0.0 < self.t_end <= 1.0 and 0.0 < self.t_start <= 1.0):
-            raise ValueError(f"t_start and t_end must be in (0, 1], got {self.t_start}, {self.t_end}")
-        if self.init_steps < 0 or self.recon_steps < 0:
-            raise ValueError("init_steps and recon_steps must be >= 0")
-        self.elevation_range = tuple(float(x) for x in self.elevation_range)
 
 
 def t_stop_schedule(iteration: int, config: SIRConfig) -> float:
@@ -284,3 +222,19 @@ def _resized_reference(reference: Reference, size: int) -> Reference:
 
     return Reference(rs(reference.rgb).clamp(0, 1), rs(reference.mask).clamp(0, 1), reference.elevation_deg,
                      reference.azimuth_deg, reference.radius)  # fmt: skip
+
+
+def splat_view_renderer(
+    splat, fovy_deg: float = 49.1, size: int = 256, backend: str = "auto"
+) -> Callable[[OrbitViews], torch.Tensor]:
+    """``render_views`` for :class:`GroundTruthPrior` from a known splat: [C, 3, size, size] on white."""
+    from microdreamer.render import render
+
+    def render_views(views: OrbitViews) -> torch.Tensor:
+        with torch.no_grad():
+            out = render(
+                splat, views.cameras(fovy_deg, size, size), background=(1.0, 1.0, 1.0), backend=backend
+            )
+        return out.rgb.permute(0, 3, 1, 2).contiguous()
+
+    return render_views

@@ -1,12 +1,16 @@
-"""Object-like splats built in code: the built-in demo's input and the tests' and benchmarks' inputs."""
+"""Inputs built in code: object-like and random splats, meshes and cameras, seeded. The tests and the
+benchmarks share these builders (one definition each, so a benchmark times what the tests check)."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from microdreamer.splat import Splat
+from microdreamer.cameras import Cameras, orbit_cameras
+from microdreamer.mesh.types import Mesh
+from microdreamer.splat import Splat, num_sh_coeffs
 
 
 def _surface_radius(theta: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
@@ -64,3 +68,164 @@ def make_random_splat(
     opacities = 0.02 + 0.96 * torch.rand(n, generator=g)
     colors = torch.rand(n, 3, generator=g)
     return Splat.from_activated(means, scales, quats, opacities, colors).to(device)
+
+
+# ------------------------------------------------------------------ builders of the tests and benchmarks
+
+
+def random_sh_splat(
+    n: int,
+    seed: int = 0,
+    sh_degree: int = 0,
+    spread: float = 0.6,
+    log_scale: float = -2.5,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> Splat:
+    """N random Gaussians in [-spread, spread]^3: log-normal scales around e^log_scale, random
+    unnormalised quaternions, opacities in (0, 1) incl. a few below 1/255, random SH."""
+    g = torch.Generator().manual_seed(seed)
+    k = num_sh_coeffs(sh_degree)
+    opacity_logits = torch.randn(n, generator=g) * 1.5
+    if n >= 4:
+        opacity_logits[:2] = -7.0  # opacity ~ 0.0009 < 1/255: culled
+    splat = Splat(
+        means=(torch.rand(n, 3, generator=g) * 2 - 1) * spread,
+        sh_dc=torch.randn(n, 3, generator=g),
+        sh_rest=0.3 * torch.randn(n, k - 1, 3, generator=g),
+        opacity_logits=opacity_logits,
+        log_scales=log_scale + 0.5 * torch.randn(n, 3, generator=g),
+        quats=torch.randn(n, 4, generator=g) * (0.5 + torch.rand(n, 1, generator=g)),
+    )
+    return Splat(**{name: t.to(device=device, dtype=dtype) for name, t in splat.tensors().items()})
+
+
+def near_far_cameras(width: int = 37, height: int = 29, n: int = 3) -> Cameras:
+    """C = n orbit cameras, the last one close to the origin (Gaussians behind it and near it)."""
+    el = [-20.0, 10.0, 35.0, -5.0][:n]
+    az = [15.0, 130.0, 250.0, 300.0][:n]
+    radius = [2.0, 2.2, 0.45, 1.7][:n]
+    return orbit_cameras(el, az, radius=torch.tensor(radius), width=width, height=height)
+
+
+def noisy_splat(
+    n: int = 35_000,
+    seed: int = 0,
+    clutter: float = 0.5,
+    scale: float = 0.0082,
+    scale_sigma: float = 0.45,
+) -> Splat:
+    """N Gaussians like a random-weight generation's splat: a fraction ``1 - clutter`` near a bumpy
+    sphere of radius ~0.45, the rest uniform in the ball of radius 0.6; log-normal scales (median
+    ``scale``, log-sd ``scale_sigma``, independent per axis), random rotations, opacities uniform in
+    [0.02, 0.95], random colours. With the defaults, the 128^3 exact-mode field at iso-level 1 gives
+    ~155k marching-cubes faces in ~750 components, ~128k faces after cleanup (as the H200 runs of
+    ``generate --random-weights full``: 125k-140k)."""
+    g = np.random.default_rng(seed)
+    n_surface = int(round(n * (1.0 - clutter)))
+    d = g.normal(size=(n_surface, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    bump = 1.0 + 0.15 * np.sin(3.0 * d[:, 0]) * np.cos(2.0 * d[:, 1]) + 0.1 * np.sin(5.0 * d[:, 2])
+    surface = d * (0.45 * bump + g.normal(0.0, 0.01, n_surface))[:, None]
+    c = g.normal(size=(n - n_surface, 3))
+    c /= np.linalg.norm(c, axis=1, keepdims=True)
+    c *= 0.6 * g.random(n - n_surface)[:, None] ** (1.0 / 3.0)
+    means = np.concatenate([surface, c])
+    scales = np.exp(np.log(scale) + scale_sigma * g.normal(size=(n, 3)))
+    quats = g.normal(size=(n, 4))
+    opacities = g.uniform(0.02, 0.95, n)
+    colors = g.random((n, 3))
+    return Splat.from_activated(
+        *(torch.tensor(x, dtype=torch.float32) for x in (means, scales, quats, opacities, colors))
+    )
+
+
+def sphere_mesh(subdivisions: int = 3, radius: float = 0.5) -> Mesh:
+    """An icosphere centred at the origin, faces wound outward."""
+    import trimesh
+
+    t = trimesh.creation.icosphere(subdivisions=subdivisions, radius=radius)
+    return Mesh(t.vertices, t.faces)
+
+
+def position_color(points) -> np.ndarray:
+    """[..., 3] smooth, asymmetric RGB in [0.1, 0.9] as a function of position (float64 math)."""
+    p = np.asarray(points, np.float64)
+    r = 0.5 + 0.4 * np.sin(3.0 * p[..., 0] + 0.5)
+    g = 0.5 + 0.4 * np.sin(2.5 * p[..., 1] - 1.0 + p[..., 2])
+    b = 0.5 + 0.4 * np.cos(3.5 * p[..., 2] + 0.3 * p[..., 0])
+    return np.stack([r, g, b], -1)
+
+
+def position_colored_sphere(subdivisions: int = 3) -> Mesh:
+    """The ground-truth object: a sphere whose vertex colours are :func:`position_color`."""
+    m = sphere_mesh(subdivisions)
+    return Mesh(m.vertices, m.faces, vertex_colors=position_color(m.vertices))
+
+
+def surface_splat(n: int = 3000, radius: float = 0.5, scale: float = 0.025, seed: int = 0) -> Splat:
+    """Flat Gaussians tangent to a sphere (Fibonacci points), coloured by :func:`position_color`."""
+    i = np.arange(n) + 0.5
+    phi = np.arccos(1 - 2 * i / n)
+    theta = math.pi * (1 + 5**0.5) * i
+    normal = np.stack([np.cos(theta) * np.sin(phi), np.cos(phi), np.sin(theta) * np.sin(phi)], -1)
+    means = radius * normal
+    # rotation taking z to the normal: quaternion of the shortest arc
+    z = np.array([0.0, 0.0, 1.0])
+    axis = np.cross(z, normal)
+    w = 1.0 + normal @ z
+    quats = np.concatenate([w[:, None], axis], 1)
+    quats[w < 1e-6] = [0.0, 1.0, 0.0, 0.0]
+    scales = np.tile([scale, scale, scale * 0.2], (n, 1))
+    return Splat.from_activated(
+        torch.tensor(means, dtype=torch.float32),
+        torch.tensor(scales, dtype=torch.float32),
+        torch.tensor(quats, dtype=torch.float32),
+        torch.full((n,), 0.9),
+        torch.tensor(position_color(means), dtype=torch.float32),
+    )
+
+
+CUBE_SIDE_COLORS = np.array(
+    [[230, 20, 20], [20, 20, 230], [20, 200, 20], [230, 230, 20], [220, 20, 220], [20, 220, 220]], np.uint8
+)
+
+
+def textured_cube(cell: int = 16) -> Mesh:
+    """A unit cube (24 unshared vertices, 12 faces wound outward) whose texture is a 3 x 2 grid of
+    cells, one flat colour per side (CUBE_SIDE_COLORS); each side's UVs map inside its own cell."""
+    tex = np.zeros((2 * cell, 3 * cell, 3), np.uint8)
+    verts, uvs, faces = [], [], []
+    for side in range(6):
+        axis, sign = divmod(side, 2)
+        sign = 1.0 - 2.0 * sign
+        a, b = [k for k in range(3) if k != axis]
+        row, col = divmod(side, 3)
+        tex[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell] = CUBE_SIDE_COLORS[side]
+        # cell (row, col): u in [col, col + 1] / 3, v in [1 - (row + 1) / 2, 1 - row / 2], 20% margin
+        u0, u1 = (col + 0.2) / 3, (col + 0.8) / 3
+        v0, v1 = 1 - (row + 0.8) / 2, 1 - (row + 0.2) / 2
+        base = len(verts)
+        for s, t in [(-1, -1), (1, -1), (1, 1), (-1, 1)]:
+            p = np.zeros(3)
+            p[axis], p[a], p[b] = sign * 0.5, s * 0.5, t * 0.5
+            verts.append(p)
+            uvs.append([u0 + (s + 1) / 2 * (u1 - u0), v0 + (t + 1) / 2 * (v1 - v0)])
+        quad = [[0, 1, 2], [0, 2, 3]]
+        for tri in quad:
+            i, j, k = (base + q for q in tri)
+            n = np.cross(verts[j] - verts[i], verts[k] - verts[i])
+            faces.append([i, j, k] if n[axis] * sign > 0 else [i, k, j])
+    return Mesh(np.array(verts), np.array(faces), uv=np.array(uvs), texture=tex)
+
+
+def cube_side_of_vertices(mesh: Mesh) -> np.ndarray:
+    """[V] side index (0..5: +x, -x, +y, -y, +z, -z) of each vertex of a face-unshared cube: the side
+    is the axis along which all four corners of a side agree, taken from the face's normal."""
+    tri = mesh.vertices[mesh.faces].astype(np.float64)
+    n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    axis = np.abs(n).argmax(1)
+    side_f = 2 * axis + (n[np.arange(len(n)), axis] < 0)
+    side = np.zeros(mesh.num_vertices, np.int64)
+    side[mesh.faces] = side_f[:, None]
+    return side

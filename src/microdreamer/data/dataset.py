@@ -33,7 +33,6 @@ import logging
 import math
 import os
 import shutil
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from microdreamer.cameras import Cameras, cameras_from_c2w_opengl, orbit_cameras
+from microdreamer.cameras import Cameras, cameras_from_c2w_opengl
 from microdreamer.errors import InputError
+from microdreamer.io_utils import to_uint8
 
 logger = logging.getLogger(__name__)
 
@@ -156,10 +156,6 @@ def _atomic_dir(target: Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _to_uint8(images: torch.Tensor) -> np.ndarray:
-    return (images.detach().float().clamp(0, 1) * 255.0).round().to(torch.uint8).cpu().numpy()
-
-
 def save_dataset(
     directory: str | os.PathLike,
     images: torch.Tensor,
@@ -241,7 +237,7 @@ def save_dataset(
         frames.append(frame)
     meta["frames"] = frames
 
-    pixels = _to_uint8(images)
+    pixels = to_uint8(images.detach().float().cpu().numpy())
     with _atomic_dir(directory) as tmp:
         (tmp / IMAGE_DIR).mkdir()
         for i in range(C):
@@ -406,116 +402,3 @@ def load_dataset(directory: str | os.PathLike) -> Dataset:
         names=[r["path"].stem for r in records],
         normalization=norm,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# ground-truth views of a mesh
-
-
-def view_angles(views: int, held_out: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Orbit angles of :func:`render_views`: ``views`` training views with azimuths 360 * i / views and
-    elevations uniform in [-30, 30] degrees (NumPy generator with ``seed``), then ``held_out`` views
-    at azimuths halfway between training ones, spread evenly, with random elevations too.
-
-    Returns:
-        (elevation_deg [views + held_out], azimuth_deg [same], held_out flags [same] bool).
-    """
-    rng = np.random.default_rng(seed)
-    step = 360.0 / views
-    az_train = np.arange(views) * step
-    gaps = np.floor((np.arange(held_out) + 0.5) * views / max(held_out, 1)).astype(np.int64)
-    az_test = (gaps + 0.5) * step
-    el = rng.uniform(-30.0, 30.0, size=views + held_out)
-    az = np.concatenate([az_train, az_test])
-    flags = np.concatenate([np.zeros(views, bool), np.ones(held_out, bool)])
-    return (
-        torch.tensor(el, dtype=torch.float32),
-        torch.tensor(az, dtype=torch.float32),
-        torch.from_numpy(flags),
-    )
-
-
-def render_views(
-    mesh_path: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    views: int = 32,
-    size: int = 256,
-    seed: int = 0,
-    texture: str | os.PathLike | None = None,
-    held_out: int = 4,
-    radius: float = 2.0,
-    fovy: float = 49.1,
-    object_radius: float = 0.6,
-    ssaa: int = 2,
-    device: str | torch.device | None = None,
-) -> Path:
-    """Render a dataset of ground-truth RGBA views of a mesh (the ``render-views`` command).
-
-    The mesh is first normalised: translated so that its bounding-box centre is at the origin and
-    scaled so that its farthest vertex is ``object_radius`` from it (0.6: the object fits the
-    reconstruction's initial sphere of radius 0.5 closely and fills about 3/4 of the frame height at
-    MicroDreamer's camera radius 2 and fovy 49.1 degrees). The dataset lives in that normalised frame;
-    ``transforms.json`` records ``normalization`` (dataset = (mesh - center) * scale) so that a
-    reconstruction can be compared with ``load_textured_mesh(mesh_path).transformed(center, scale)``
-    or mapped back to the mesh's own coordinates.
-
-    Cameras: MicroDreamer's orbit (:func:`microdreamer.cameras.orbit_cameras`) at ``radius``, looking
-    at the origin, angles from :func:`view_angles`; images are unlit colour (texture or vertex
-    colours) with alpha, antialiased by ``ssaa`` x ``ssaa`` supersampling.
-
-    Args:
-        mesh_path: OBJ (+MTL), GLB/glTF, PLY (see :func:`microdreamer.mesh_io.load_textured_mesh`).
-        out_dir: the dataset folder to write (replaced atomically).
-        views: training views; held_out: extra evaluation views; size: image width = height.
-        texture: an image to use as the mesh's texture (e.g. an OBJ without MTL).
-        device: where to render; default CUDA when available, else the CPU.
-
-    Returns:
-        ``out_dir`` as a Path.
-    """
-    from microdreamer.mesh_io import load_textured_mesh
-    from microdreamer.render.mesh import render_mesh
-
-    if views < 1 or held_out < 0 or held_out > views:
-        raise InputError(
-            f"views = {views}, held_out = {held_out}: need views >= 1 and 0 <= held_out <= views"
-        )
-    if size < 8:
-        raise InputError(f"image size {size} is too small; use at least 8 pixels")
-    if ssaa < 1:
-        raise InputError(f"ssaa = {ssaa}; use 1 (no supersampling) or more")
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    t0 = time.perf_counter()
-    mesh = load_textured_mesh(mesh_path, texture)
-    v = mesh.vertices.astype(np.float64)
-    center = 0.5 * (v.min(axis=0) + v.max(axis=0))
-    extent = float(np.linalg.norm(v - center, axis=1).max())
-    if not extent > 0:
-        raise InputError(f"mesh {mesh_path} has no extent (all vertices coincide); give a real mesh")
-    norm = Normalization(center, object_radius / extent)
-    mesh = mesh.transformed(norm.center, norm.scale)
-
-    el, az, flags = view_angles(views, held_out, seed)
-    cams = orbit_cameras(el, az, radius=radius, fovy_deg=fovy, width=size, height=size).to(device)
-    out = render_mesh(mesh, cams, background=(0.0, 0.0, 0.0), ssaa=ssaa)
-    alpha = out.alpha
-    rgb = torch.where(alpha > 0, out.rgb / alpha.clamp_min(1e-8), torch.zeros_like(out.rgb))  # un-premultiply
-    images = torch.cat([rgb.clamp(0, 1), alpha], dim=-1).cpu()
-    info = {
-        "mesh": str(mesh_path),
-        "texture": None if texture is None else str(texture),
-        "views": views,
-        "held_out": held_out,
-        "size": size,
-        "seed": seed,
-        "radius": radius,
-        "fovy_deg": fovy,
-        "object_radius": object_radius,
-        "ssaa": ssaa,
-        "elevation_deg": [round(float(x), 4) for x in el],
-        "azimuth_deg": [round(float(x), 4) for x in az],
-    }
-    save_dataset(out_dir, images, cams.to("cpu"), flags, normalization=norm, extra={"render_views": info})
-    logger.info("render-views: %d + %d views in %.1f s", views, held_out, time.perf_counter() - t0)
-    return Path(out_dir)

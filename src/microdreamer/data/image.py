@@ -23,45 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from microdreamer.config import ImageConfig
 from microdreamer.errors import InputError
 
 logger = logging.getLogger(__name__)
-
-METHODS = ("auto", "alpha", "rembg", "grabcut")
-
-
-@dataclass
-class ImageConfig:
-    """Input preparation.
-
-    Attributes:
-        size: output side in pixels (Zero123 works at 256).
-        object_fraction: the object's bounding box's longer side as a fraction of ``size``
-            (DreamGaussian / MicroDreamer: 1 - border ratio 0.2 = 0.8).
-        recenter: scale and centre the object; False keeps the framing (only resizes to ``size``).
-        background: "auto" (alpha, else rembg if usable, else GrabCut) or one of them by name.
-        rembg_model: the rembg session name (its ONNX file must be on disk).
-        grabcut_margin: GrabCut's initial rectangle leaves this fraction of each side as background.
-        grabcut_iterations: GrabCut iterations.
-        bbox_alpha: pixels with alpha above this count towards the object's bounding box.
-    """
-
-    size: int = 256
-    object_fraction: float = 0.8
-    recenter: bool = True
-    background: str = "auto"
-    rembg_model: str = "u2net"
-    grabcut_margin: float = 0.05
-    grabcut_iterations: int = 5
-    bbox_alpha: float = 0.5 / 255.0
-
-    def __post_init__(self) -> None:
-        if self.background not in METHODS:
-            raise ValueError(f"background must be one of {', '.join(METHODS)}; got {self.background!r}")
-        if not 0.0 < self.object_fraction <= 1.0:
-            raise ValueError(f"object_fraction must be in (0, 1], got {self.object_fraction}")
-        if self.size < 8:
-            raise ValueError(f"size must be >= 8, got {self.size}")
 
 
 @dataclass

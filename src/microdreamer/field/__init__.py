@@ -3,7 +3,8 @@
 Stage function :func:`density_field`. Implementations, chosen explicitly with ``backend=``:
 
 * ``"torch"``: vectorised, chunked PyTorch (CPU or CUDA), :mod:`microdreamer.field.torch_impl`.
-* ``"cuda"``: the fused CUDA kernels of :mod:`microdreamer.kernels` (CUDA tensors only).
+* ``"cuda"``: the fused CUDA kernels (CUDA tensors only), through :mod:`microdreamer.field.cuda`, which
+  holds their options and the policy that picks them.
 * ``"auto"``: ``"cuda"`` when the splat is on a CUDA device, else ``"torch"``.
 
 :mod:`microdreamer.field.reference` holds the float64 brute-force reference that defines the
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from microdreamer.field.common import FieldConfig, GridSpec, PreparedGaussians, prepare_gaussians
+from microdreamer.config import FieldConfig
+from microdreamer.field.common import GridSpec, PreparedGaussians, prepare_gaussians
 from microdreamer.field.torch_impl import density_field_torch
 from microdreamer.splat import Splat
 
@@ -54,7 +56,7 @@ class DensityField:
     backend: str
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
+def _field_backend(backend: str, device: torch.device) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"unknown field backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "auto":
@@ -68,11 +70,11 @@ def compute_field(
     prepared: PreparedGaussians, grid: GridSpec, config: FieldConfig, backend: str = "auto", progress=None
 ) -> tuple[torch.Tensor, str]:
     """[R, R, R] float32 field of already-prepared Gaussians, and the backend that ran."""
-    chosen = resolve_backend(backend, prepared.means.device)
+    chosen = _field_backend(backend, prepared.means.device)
     if chosen == "cuda":
-        from microdreamer.kernels import extract_fields
+        from microdreamer.field.cuda import extract_fields
 
-        return extract_fields(prepared, grid, config, impl="fast"), chosen
+        return extract_fields(prepared, grid, config), chosen
     return density_field_torch(prepared, grid, config, progress=progress), chosen
 
 

@@ -37,57 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
+from microdreamer.config import FieldConfig
 from microdreamer.splat import Splat
-
-MODES = ("upstream", "exact")
-
-
-@dataclass
-class FieldConfig:
-    """Density-field settings. The defaults of ``upstream`` mode are DreamGaussian/MicroDreamer's.
-
-    Attributes:
-        resolution: R, grid points per axis (>= 2).
-        mode: ``"exact"`` (cutoff with a stated bound) or ``"upstream"`` (DreamGaussian's block rule).
-        num_blocks: upstream: blocks per axis (block = R // num_blocks voxels).
-        relax_ratio: upstream: each block's box grows by relax_ratio * (2 / num_blocks) on every side.
-        min_opacity: Gaussians with opacity <= this are dropped before normalisation (both modes).
-        cutoff_tol: exact: terms below cutoff_tol * opacity are dropped (see the module docstring).
-        extent_factor: the kept Gaussians' largest bounding-box extent maps to this length in [-1, 1].
-    """
-
-    resolution: int = 128
-    mode: str = "exact"
-    num_blocks: int = 16
-    relax_ratio: float = 1.5
-    min_opacity: float = 0.005
-    cutoff_tol: float = 1e-4
-    extent_factor: float = 1.8
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown field mode {self.mode!r}; use one of {', '.join(MODES)}")
-        if int(self.resolution) < 2:
-            raise ValueError(f"resolution must be >= 2, got {self.resolution}")
-        if not 0.0 < self.cutoff_tol < 1.0:
-            raise ValueError(f"cutoff_tol must be in (0, 1), got {self.cutoff_tol}")
-        if self.num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
-
-    @property
-    def cutoff_sq(self) -> float:
-        """c^2 = 2 ln(1 / cutoff_tol): the exact mode's Mahalanobis cutoff, squared."""
-        return 2.0 * math.log(1.0 / self.cutoff_tol)
-
-    @property
-    def block_voxels(self) -> int:
-        """upstream: voxels per block side (R // num_blocks, at least 1)."""
-        return max(1, self.resolution // self.num_blocks)
-
-    @property
-    def relax(self) -> float:
-        """upstream: how far each block's box grows on every side, in normalised units."""
-        return self.relax_ratio * 2.0 / self.num_blocks
 
 
 @dataclass

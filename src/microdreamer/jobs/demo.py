@@ -11,28 +11,21 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from microdreamer.config import (
+    DemoConfig,
+    ReconstructConfig,
+    ReconstructJobConfig,
+    TrainConfig,
+    TurntableConfig,
+    ViewsConfig,
+)
 from microdreamer.io_utils import atomic_path
-
-
-@dataclass
-class DemoConfig:
-    """Settings of the demo (sized for a 2-core CPU)."""
-
-    views: int = 16
-    held_out: int = 4
-    size: int = 64
-    iters: int = 300
-    batch_views: int = 4
-    num_pts: int = 2000
-    max_gaussians: int = 6000
-    texture_size: int = 256
-    seed: int = 0
 
 
 def make_demo_object(subdivisions: int = 4):
@@ -52,19 +45,17 @@ def make_demo_object(subdivisions: int = 4):
     return trimesh.Trimesh(verts, sphere.faces, vertex_colors=colors, process=False)
 
 
-def run_demo(
-    out_dir: str | Path, config: DemoConfig, device: torch.device, field_config=None, mesh_config=None
-) -> dict:
+def run_demo(out_dir: str | Path, config: DemoConfig, device: torch.device) -> dict:
     """Object -> views -> splat -> mesh, with metrics. Writes everything under ``out_dir``.
 
     Returns the reconstruction's metrics plus ``mesh_quality`` (Chamfer-L1 relative to the object's
     bounding-box diagonal, F-score at 1% of it) and the paths written.
     """
     from microdreamer.data import render_views
-    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.jobs.reconstruct import reconstruct_dataset
+    from microdreamer.jobs.turntable import render_turntable
+    from microdreamer.mesh.load import load_textured_mesh
     from microdreamer.metrics import mesh_metrics
-    from microdreamer.train.config import ReconstructConfig, TrainConfig
-    from microdreamer.train.reconstruct import reconstruct_dataset
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -74,8 +65,8 @@ def run_demo(
     obj_path = out / "object.ply"
     with atomic_path(obj_path) as tmp:
         make_demo_object().export(tmp, file_type="ply")
-    render_views(obj_path, out / "views", views=config.views, size=config.size, seed=config.seed,
-                 held_out=config.held_out, device=device)  # fmt: skip
+    views = ViewsConfig(views=config.views, held_out=config.held_out, size=config.size, seed=config.seed)
+    render_views(obj_path, out / "views", views, device=device)
     seconds["object_and_views"] = time.perf_counter() - t
 
     n = config.iters
@@ -91,11 +82,15 @@ def run_demo(
         random_background=True,
         seed=config.seed,
     )
-    recon = ReconstructConfig(train=train, iters=n, batch_views=config.batch_views)
-    recon.texture.size, recon.texture.bake.views.size = config.texture_size, 2 * config.size
+    export = config.export
+    texture = replace(export.texture, bake=replace(export.texture.bake, views=replace(
+        export.texture.bake.views, size=2 * config.size)))  # fmt: skip
+    job = ReconstructJobConfig(
+        reconstruct=ReconstructConfig(train=train, iters=n, batch_views=config.batch_views),
+        export=replace(export, texture=texture),
+    )
     t = time.perf_counter()
-    metrics = reconstruct_dataset(out / "views", out, recon, device=device, field_config=field_config,
-                                  mesh_config=mesh_config)  # fmt: skip
+    metrics = reconstruct_dataset(out / "views", out, job, device=device)
     seconds["reconstruct_total"] = time.perf_counter() - t
 
     norm = json.loads((out / "views" / "transforms.json").read_text()).get("normalization")
@@ -109,10 +104,10 @@ def run_demo(
     metrics["mesh_quality"] = {
         k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in quality.items()
     }
-    from microdreamer.turntable import render_turntable
 
     t = time.perf_counter()
-    render_turntable(out / "mesh.glb", out / "mesh_views.png", size=192, device=device, progress=False)
+    render_turntable(out / "mesh.glb", out / "mesh_views.png", TurntableConfig(size=192), device=device,
+                     progress=False)  # fmt: skip
     seconds["contact_sheet"] = time.perf_counter() - t
     metrics["demo_seconds"] = seconds
     with atomic_path(out / "metrics.json") as tmp:

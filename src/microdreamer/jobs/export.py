@@ -1,14 +1,24 @@
-"""Splat -> density field -> mesh: the conversion every command that exports a mesh runs."""
+"""Splat -> density field -> mesh -> texture -> file: the one export every job runs.
+
+:func:`export_mesh` is what ``microdreamer mesh`` does, and what ``reconstruct``, ``generate`` and
+``demo`` do after making their splat. :func:`splat_to_mesh` is its first half (field, marching cubes,
+cleanup, decimation), for callers that want the mesh in memory.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from microdreamer.config import ExportConfig, FieldConfig, MeshConfig
 from microdreamer.errors import InputError
-from microdreamer.field import FieldConfig, density_field
+from microdreamer.field import density_field
+from microdreamer.mesh import Mesh, extract_mesh, save_mesh
 from microdreamer.profiling import StageTimer
 from microdreamer.splat import Splat
 
@@ -19,7 +29,7 @@ logger = logging.getLogger(__name__)
 class ConvertResult:
     """What :func:`splat_to_mesh` made, with the numbers for its summary."""
 
-    mesh: object  # microdreamer.mesh.Mesh
+    mesh: Mesh
     num_gaussians_in: int
     num_gaussians_kept: int
     resolution: int
@@ -28,34 +38,50 @@ class ConvertResult:
     mesh_stats: dict = field(default_factory=dict)
 
 
-def resolve_device(device: str) -> torch.device:
-    """``auto|cpu|cuda`` -> a torch device; a one-line InputError when CUDA is asked for and absent."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is available here; use --device cpu or auto")
-    if device not in ("cpu", "cuda"):
-        raise InputError(f"--device {device}: unknown device; use auto, cpu or cuda")
-    return torch.device(device)
+@dataclass
+class ExportResult:
+    """What :func:`export_mesh` wrote.
+
+    Attributes:
+        path: the mesh file.
+        mesh: the mesh as written (textured when the texture stage ran).
+        convert: the field and mesh stages' result (counts, backend, the untextured mesh's stats).
+        texture_stats: the texture stage's stats (empty for ``texture.mode = "none"``).
+    """
+
+    path: Path
+    mesh: Mesh
+    convert: ConvertResult
+    texture_stats: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """The numbers a job records about its mesh."""
+        return {
+            "path": self.path.name,
+            "vertices": self.mesh.num_vertices,
+            "faces": self.mesh.num_faces,
+            "texture": {k: self.texture_stats[k] for k in ("mode", "size") if k in self.texture_stats}
+            or None,
+            "field_resolution": self.convert.resolution,
+            "field_backend": self.convert.backend,
+        }
 
 
 def splat_to_mesh(
     splat: Splat,
     field_config: FieldConfig,
-    mesh_config,
+    mesh_config: MeshConfig,
     device: torch.device,
     timer: StageTimer | None = None,
-    progress=None,
+    progress: Callable[[float], None] | None = None,
     name: str = "splat",
 ) -> ConvertResult:
     """Density field on ``device`` (the fast CUDA kernel there, the tiled PyTorch path on the CPU),
-    then marching cubes, cleanup and optional decimation on the CPU.
+    then marching cubes, cleanup and optional decimation on the CPU (stages ``field`` and ``mesh``).
 
     Raises InputError when no Gaussian survives the opacity filter or the field never crosses the
     threshold (with the field's maximum, so the user can pick a threshold).
     """
-    from microdreamer.mesh import extract_mesh
-
     timer = timer or StageTimer()
     with timer.stage("field"):
         fld = density_field(splat, field_config, backend="auto", device=device, progress=progress)
@@ -65,11 +91,49 @@ def splat_to_mesh(
     vmax = float(values.max())
     if vmax <= mesh_config.threshold:
         raise InputError(
-            f"{name}: the density never reaches the threshold {mesh_config.threshold:g} (its maximum is "
-            f"{vmax:.3g}); pass a lower --threshold"
+            f"{name}: the density never reaches the iso-level {mesh_config.threshold:g} (its maximum is "
+            f"{vmax:.3g}); use a lower threshold"
         )
     with timer.stage("mesh"):
         mesh, stats = extract_mesh(values.numpy(), fld.grid.origin, fld.grid.spacing, mesh_config)
     return ConvertResult(
         mesh, len(splat), fld.num_gaussians, field_config.resolution, fld.backend, vmax, stats
     )
+
+
+def export_mesh(
+    splat: Splat,
+    path: str | os.PathLike,
+    config: ExportConfig,
+    device: torch.device,
+    timer: StageTimer | None = None,
+    progress: Callable[[float], None] | None = None,
+    name: str = "splat",
+    texture_progress: bool = False,
+) -> ExportResult:
+    """Mesh ``splat`` and write it to ``path`` (.glb, .obj or .ply, atomically), textured unless
+    ``config.texture.mode == "none"``; stages ``field``, ``mesh``, ``texture`` and ``export`` on ``timer``.
+
+    Args:
+        splat: N Gaussians (any device; moved to ``device``).
+        path: the mesh file.
+        config: field, mesh and texture settings.
+        device: where the field and the texture bake run.
+        timer: per-stage seconds (a new one when None).
+        progress: ``progress(fraction)`` of the density field.
+        name: how messages name the splat.
+        texture_progress: progress bars of the texture bake.
+    """
+    from microdreamer.texture import texture_mesh
+
+    timer = timer or StageTimer()
+    splat = splat.to(device)
+    conv = splat_to_mesh(splat, config.field, config.mesh, device, timer=timer, progress=progress, name=name)
+    mesh, texture_stats = conv.mesh, {}
+    if config.texture.mode != "none":
+        with timer.stage("texture"):
+            textured = texture_mesh(mesh, splat, config.texture, device=device, progress=texture_progress)
+            mesh, texture_stats = textured.mesh, textured.stats
+    with timer.stage("export"):
+        written = save_mesh(mesh, path)
+    return ExportResult(written, mesh, conv, texture_stats)

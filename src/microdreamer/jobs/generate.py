@@ -27,29 +27,28 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from microdreamer.data_image import ImageConfig, prepare_image
+from microdreamer.config import RANDOM_WEIGHTS, GenerateConfig, Zero123Config
+from microdreamer.data.image import prepare_image
 from microdreamer.errors import InputError
-from microdreamer.field import FieldConfig
 from microdreamer.io_utils import atomic_path
-from microdreamer.priors.base import OrbitViews, Prior, Reference
-from microdreamer.priors.zero123 import Zero123Config
+from microdreamer.jobs import resolve_device
+from microdreamer.jobs.turntable import orbit_previews, save_contact_sheet
+from microdreamer.priors.base import Prior, Reference
 from microdreamer.profiling import StageTimer
-from microdreamer.sir import SIRConfig, run_sir
+from microdreamer.sir import run_sir
 
 logger = logging.getLogger(__name__)
 
-RANDOM_WEIGHTS = ("tiny", "full")
 #: imported in a background thread while the prior runs (used by the export stages after it)
 PRELOAD_MODULES = (
     "microdreamer.mesh",
     "microdreamer.texture",
-    "microdreamer.pipeline",
+    "microdreamer.jobs.export",
     "skimage.measure",
     "scipy.spatial",
     "scipy.ndimage",
@@ -63,65 +62,9 @@ PRELOAD_MODULES = (
 STAGE_GROUPS = {
     "diffusion": ("embed", "warmup", "diffusion"),
     "reconstruction": ("render", "reconstruction", "prune"),
-    "mesh": ("field", "mesh", "texture", "export_mesh"),
+    "mesh": ("field", "mesh", "texture", "export"),
     "other": ("prepare", "views", "join_writes"),
 }
-
-
-def generate_texture_config():
-    """generate's texture default: a 512^2 atlas baked from splat renders onto the mesh capped at
-    10k faces. The cap bounds xatlas (single-threaded, superlinear in faces: 0.5 s at 5k, 1 s at
-    10k, 4.7 s at 20k, 16 s at 50k faces of a smooth mesh on the 2-core dev CPU; on the H200 host,
-    the random model's noise mesh: ~2 s at 10k, 19 s at 50k); 512^2 texels suit views made at
-    256^2 and keep the bake and the nearest-neighbour fill at a quarter of 1024^2's texels.
-    xatlas runs without chart refinement (``chart_iterations=0``): on a noisy 10k-face mesh of this
-    dev CPU 0.44 s instead of 2.97 s, on a smooth one 0.61 s instead of 0.88 s, for ~20 % more charts."""
-    from microdreamer.texture import TextureConfig
-
-    return TextureConfig(size=512, max_faces=10_000, chart_iterations=0)
-
-
-@dataclass
-class GenerateConfig:
-    """``microdreamer generate``: every stage's settings.
-
-    Attributes:
-        image: input preparation (its ``size`` must equal ``sir.image_size``).
-        prior: the Zero123 prior (model, guidance, DDIM schedule).
-        sir: score-based iterative reconstruction (iterations, views, losses, training, seed).
-        field: density field of the mesh export.
-        mesh: the mesh stage (:class:`microdreamer.mesh.MeshConfig`; imported lazily).
-        texture: the mesh's texture (:class:`microdreamer.texture.TextureConfig`; default:
-            :func:`generate_texture_config`, baked from the splat's renders; ``mode="none"`` exports
-            it untextured).
-        elevation_deg: elevation of the input image's camera (MicroDreamer's sign: negative = above).
-        views_size: side of each of the 8 preview renders in views.png.
-        warmup: before the SIR loop, capture the prior's CUDA graphs (timed as its own stage).
-    """
-
-    image: ImageConfig = field(default_factory=ImageConfig)
-    prior: Zero123Config = field(default_factory=Zero123Config)
-    sir: SIRConfig = field(default_factory=SIRConfig)
-    field: FieldConfig = field(default_factory=FieldConfig)
-    mesh: Any = None
-    texture: Any = None
-    elevation_deg: float = 0.0
-    views_size: int = 256
-    warmup: bool = True
-
-    def __post_init__(self) -> None:
-        if self.mesh is None:
-            from microdreamer.mesh import MeshConfig
-
-            self.mesh = MeshConfig()
-        if self.texture is None:
-            self.texture = generate_texture_config()
-        if self.image.size != self.sir.image_size:
-            raise InputError(
-                f"image.size ({self.image.size}) differs from sir.image_size ({self.sir.image_size}); set both to one size"
-            )
-        if not -90.0 < self.elevation_deg < 90.0:
-            raise InputError(f"--elevation {self.elevation_deg}: must be between -90 and 90 degrees")
 
 
 def build_prior(
@@ -151,37 +94,6 @@ def build_prior(
     if model is not None:
         config = replace(config, model=str(model))
     return Zero123Prior.from_pretrained(config, device)
-
-
-def render_turntable(splat, elevation_deg: float, size: int = 256, count: int = 8, radius: float = 2.0,
-                     fovy_deg: float = 49.1, backend: str = "auto") -> torch.Tensor:  # fmt: skip
-    """[count, size, size, 3] float32 renders on white at azimuths 0, 360/count, ... (CPU tensor)."""
-    from microdreamer.render import render
-
-    az = torch.arange(count, dtype=torch.float32) * (360.0 / count)
-    cams = OrbitViews(torch.full((count,), float(elevation_deg)), az, radius).cameras(fovy_deg, size, size)
-    with torch.no_grad():
-        out = render(splat, cams.to(splat.device), background=(1.0, 1.0, 1.0), backend=backend)
-    return out.rgb.clamp(0, 1).cpu()
-
-
-def save_grid(images: torch.Tensor, path: str | os.PathLike, columns: int = 4) -> Path:
-    """Write [C, H, W, 3] images in [0, 1] as one PNG grid, ``columns`` wide (atomically)."""
-    from PIL import Image
-
-    C, H, W, _ = images.shape
-    rows = -(-C // columns)
-    grid = torch.ones(rows * H, columns * W, 3)
-    for i in range(C):
-        r, c = divmod(i, columns)
-        grid[r * H : (r + 1) * H, c * W : (c + 1) * W] = images[i]
-    arr = (grid.numpy() * 255 + 0.5).astype("uint8")
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        Image.fromarray(arr).save(
-            tmp, format="PNG", compress_level=1
-        )  # 4x faster than the default, ~20% larger
-    return path
 
 
 def _preload(names: tuple[str, ...] = PRELOAD_MODULES) -> threading.Thread | None:
@@ -232,16 +144,14 @@ def generate(
     Raises:
         InputError: bad image, missing model, unusable settings (one line each).
     """
-    from microdreamer.mesh import save_mesh
-    from microdreamer.pipeline import resolve_device, splat_to_mesh
+    from microdreamer.jobs.export import export_mesh
     from microdreamer.splat import write_ply
 
     config = config or GenerateConfig()
-    if isinstance(device, str):
-        device = resolve_device(device)
+    device = resolve_device(device)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise InputError(f"-o {out}: exists and is not a folder")
+        raise InputError(f"{out}: exists and is not a folder; give a folder for the outputs")
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     timer = StageTimer()
@@ -260,8 +170,8 @@ def generate(
     if len(splat) == 0:
         raise InputError(f"{image_path}: every Gaussian was pruned; nothing to export (try another --seed)")
     with timer.stage("views"):  # the GPU part; the PNG and the PLY are written in the background
-        views = render_turntable(splat, config.elevation_deg, config.views_size, radius=config.sir.radius,
-                                 fovy_deg=config.sir.fovy_deg, backend=config.sir.train.backend)  # fmt: skip
+        views = orbit_previews(splat, config.elevation_deg, config.views_size, radius=config.sir.radius,
+                               fovy_deg=config.sir.fovy_deg, backend=config.sir.train.backend)  # fmt: skip
         splat_cpu = splat.detach().to("cpu")
     background_seconds: dict[str, float] = {}
 
@@ -269,7 +179,7 @@ def generate(
         t0 = time.perf_counter()
         splat_file = write_ply(splat_cpu, out / "splat.ply")
         t1 = time.perf_counter()
-        views_file = save_grid(views, out / "views.png")
+        views_file = save_contact_sheet(views, out / "views.png")
         background_seconds.update(export_splat=t1 - t0, views_png=time.perf_counter() - t1)
         return splat_file, views_file
 
@@ -277,17 +187,10 @@ def generate(
     # them, also when the mesh stage fails
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="microdreamer-write") as pool:
         writer = pool.submit(write_splat_and_views)
-        conv = splat_to_mesh(splat, config.field, config.mesh, device, timer=timer, name=str(image_path))
-        mesh = conv.mesh
-        texture_stats: dict = {}
-        if config.texture.mode != "none":
-            from microdreamer.texture import texture_mesh
-
-            with timer.stage("texture"):
-                textured = texture_mesh(mesh, splat, config.texture, device=device)
-                mesh, texture_stats = textured.mesh, textured.stats
-        with timer.stage("export_mesh"):
-            mesh_path = save_mesh(mesh, out / "mesh.glb")
+        exported = export_mesh(
+            splat, out / "mesh.glb", config.export, device, timer=timer, name=str(image_path)
+        )
+        mesh, mesh_path, texture_stats = exported.mesh, exported.path, exported.texture_stats
         with timer.stage("join_writes"):  # waiting for the background writes, if they are still running
             splat_path, views_path = writer.result()
     wall = time.perf_counter() - start

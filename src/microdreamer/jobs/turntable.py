@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from microdreamer.config import TurntableConfig
 from microdreamer.errors import InputError
 from microdreamer.io_utils import atomic_path, check_output_path
 
@@ -58,7 +59,7 @@ def load_renderable(path: str | os.PathLike):
         from microdreamer.splat import read_ply
 
         return read_ply(path)
-    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.mesh.load import load_textured_mesh
 
     return load_textured_mesh(path)
 
@@ -140,14 +141,16 @@ def turntable_frames(
         yield from frames
 
 
-def contact_sheet(frames: Sequence[np.ndarray], columns: int = 4) -> np.ndarray:
+def contact_sheet(
+    frames: Sequence[np.ndarray], columns: int = 4, fill: Sequence[int] | None = None
+) -> np.ndarray:
     """Tile equally sized [H, W, 3] uint8 frames into a grid ``columns`` wide (row-major), filling a
-    short last row with the first frame's corner colour."""
+    short last row with ``fill`` (default: the first frame's corner colour)."""
     n = len(frames)
     h, w = frames[0].shape[:2]
     rows = -(-n // columns)
     sheet = np.empty((rows * h, columns * w, 3), np.uint8)
-    sheet[:] = frames[0][0, 0]
+    sheet[:] = frames[0][0, 0] if fill is None else fill
     for i, frame in enumerate(frames):
         r, c = divmod(i, columns)
         sheet[r * h : (r + 1) * h, c * w : (c + 1) * w] = frame
@@ -164,11 +167,7 @@ def _mp4_available() -> bool:
 def render_turntable(
     source,
     output: str | os.PathLike,
-    frames: int = 120,
-    size: int = 512,
-    elevation_deg: float = 0.0,
-    fps: int = 30,
-    sheet_views: int = 8,
+    config: TurntableConfig | None = None,
     background: Sequence[float] = (1.0, 1.0, 1.0),
     device: str | torch.device = "cpu",
     backend: str = "auto",
@@ -180,11 +179,8 @@ def render_turntable(
     Args:
         source: a path (see :func:`load_renderable`), a Splat or a Mesh.
         output: the file to write; its suffix picks the format.
-        frames: video frames over one full turn (azimuth 0 to 360 - 360 / frames).
-        size: frame width and height in pixels.
-        elevation_deg: camera elevation (0 = level; negative = above, MicroDreamer's sign).
-        fps: video frame rate.
-        sheet_views: views on the .png contact sheet (4 per row).
+        config: frames (over one full turn, azimuth 0 to 360 - 360 / frames), size, elevation, fps,
+            contact-sheet views (defaults: :class:`~microdreamer.config.TurntableConfig`).
         background: RGB in [0, 1].
         device, backend, ssaa: see :func:`turntable_frames`.
         progress: show a tqdm bar over the frames.
@@ -203,19 +199,16 @@ def render_turntable(
             f"{output}: writing .mp4 needs imageio and imageio-ffmpeg (pip install imageio imageio-ffmpeg); "
             "or write a .gif instead"
         )
-    if frames < 1 or size < 8 or sheet_views < 1:
-        raise InputError(
-            f"turntable frames = {frames}, size = {size}, sheet views = {sheet_views}: use >= 1, >= 8, >= 1"
-        )
+    config = config or TurntableConfig()
     if isinstance(source, str | os.PathLike):
         source = load_renderable(source)
-    count = sheet_views if suffix == ".png" else frames
+    count = config.sheet_views if suffix == ".png" else config.frames
     azimuths = [360.0 * k / count for k in range(count)]
     it = turntable_frames(
         source,
         azimuths,
-        elevation_deg,
-        size,
+        config.elevation_deg,
+        config.size,
         background=background,
         device=device,
         backend=backend,
@@ -232,7 +225,7 @@ def render_turntable(
             writer = imageio.get_writer(
                 str(tmp),
                 format="FFMPEG",
-                fps=fps,
+                fps=config.fps,
                 codec="libx264",
                 quality=8,
                 pixelformat="yuv420p",
@@ -254,10 +247,45 @@ def render_turntable(
                     format="GIF",
                     save_all=True,
                     append_images=pil[1:],
-                    duration=max(1, round(1000 / fps)),
+                    duration=max(1, round(1000 / config.fps)),
                     loop=0,
                 )
             else:
                 Image.fromarray(contact_sheet(images)).save(tmp, format="PNG")
     logger.info("wrote %s (%d %s)", output, count, "views" if suffix == ".png" else "frames")
     return output
+
+
+def orbit_previews(
+    splat,
+    elevation_deg: float,
+    size: int = 256,
+    count: int = 8,
+    radius: float = 2.0,
+    fovy_deg: float = 49.1,
+    backend: str = "auto",
+) -> np.ndarray:
+    """[count, size, size, 3] uint8 renders of a splat on white from MicroDreamer's orbit (around the
+    origin at ``radius``, as SIR sees it) at azimuths 0, 360 / count, ... and one elevation."""
+    from microdreamer.cameras import orbit_cameras
+    from microdreamer.render.gaussians import render
+
+    az = torch.arange(count, dtype=torch.float32) * (360.0 / count)
+    el = torch.full((count,), float(elevation_deg))
+    cams = orbit_cameras(el, az, torch.full((count,), float(radius)), fovy_deg, size, size)
+    with torch.no_grad():
+        out = render(splat, cams.to(splat.device), background=(1.0, 1.0, 1.0), backend=backend)
+    return (out.rgb.clamp(0, 1).cpu().numpy() * 255 + 0.5).astype(np.uint8)
+
+
+def save_contact_sheet(frames: np.ndarray, path: str | os.PathLike, columns: int = 4) -> Path:
+    """Write [C, H, W, 3] uint8 frames as one PNG grid ``columns`` wide, a short row filled white
+    (atomically; zlib level 1: 4x faster than the default, ~20 % larger)."""
+    from PIL import Image
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        Image.fromarray(contact_sheet(list(frames), columns, fill=(255, 255, 255))).save(
+            tmp, format="PNG", compress_level=1
+        )
+    return path

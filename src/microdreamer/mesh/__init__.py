@@ -9,10 +9,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from microdreamer.errors import InputError
+from microdreamer.config import MeshConfig
 from microdreamer.mesh.cleanup import CleanupStats, cleanup_mesh, cleanup_mesh_with_stats, decimate
 from microdreamer.mesh.export import MESH_FORMATS, save_mesh
 from microdreamer.mesh.marching import GridVertices, marching_cubes, marching_cubes_on_grid
@@ -34,37 +33,6 @@ __all__ = [
     "marching_cubes_on_grid",
     "save_mesh",
 ]
-
-
-@dataclass
-class MeshConfig:
-    """Settings of the mesh stage.
-
-    Attributes:
-        threshold: iso-level of the density field; the object is where density > threshold.
-        close_boundary: close surfaces cut by the grid's border (see :func:`marching_cubes`).
-        min_component_fraction: drop connected components with fewer faces than this fraction of
-            all faces (the largest component is always kept); 0 keeps everything.
-        merge_tolerance: merge vertices closer than this fraction of the bounding-box diagonal.
-        decimate_target: simplify to about this many faces; None keeps the full mesh.
-    """
-
-    threshold: float = 1.0
-    close_boundary: bool = True
-    min_component_fraction: float = 0.02
-    merge_tolerance: float = 1e-6
-    decimate_target: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.min_component_fraction <= 1.0:
-            value = self.min_component_fraction
-            raise InputError(f"mesh min_component_fraction = {value} is out of range; use a value in [0, 1]")
-        if not self.merge_tolerance >= 0.0:
-            raise InputError(f"mesh merge_tolerance = {self.merge_tolerance} is negative; use 0 or more")
-        if self.decimate_target is not None and self.decimate_target < 4:
-            raise InputError(
-                f"mesh decimate_target = {self.decimate_target} is too small; use at least 4 faces, or none"
-            )
 
 
 def extract_mesh(

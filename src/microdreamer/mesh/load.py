@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from microdreamer.errors import InputError
+from microdreamer.io_utils import to_uint8
 from microdreamer.mesh import Mesh
 
 logger = logging.getLogger(__name__)
@@ -168,12 +169,7 @@ def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | Non
     )
     if tex is None:
         return Mesh(vertices, faces, colors)
-    return Mesh(vertices, faces, colors, uv, _to_uint8(tex))
-
-
-def _to_uint8(rgb: np.ndarray) -> np.ndarray:
-    """[Ht, Wt, 3] float in [0, 1] -> uint8 (rounded)."""
-    return np.round(np.clip(rgb, 0.0, 1.0) * 255.0).astype(np.uint8)
+    return Mesh(vertices, faces, colors, uv, to_uint8(tex))
 
 
 def _concatenate(geometries, path: Path):

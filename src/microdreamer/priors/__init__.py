@@ -15,7 +15,6 @@ from microdreamer.priors.base import (
     Prior,
     Reference,
     even_orbit_views,
-    splat_view_renderer,
 )
 
 __all__ = [
@@ -24,5 +23,4 @@ __all__ = [
     "Prior",
     "Reference",
     "even_orbit_views",
-    "splat_view_renderer",
 ]

@@ -197,19 +197,3 @@ class GroundTruthPrior(Prior):
         if images is not None:
             out = out.to(images.device)
         return out
-
-
-def splat_view_renderer(
-    splat, fovy_deg: float = 49.1, size: int = 256, backend: str = "auto"
-) -> Callable[[OrbitViews], torch.Tensor]:
-    """``render_views`` for :class:`GroundTruthPrior` from a known splat: [C, 3, size, size] on white."""
-    from microdreamer.render import render
-
-    def render_views(views: OrbitViews) -> torch.Tensor:
-        with torch.no_grad():
-            out = render(
-                splat, views.cameras(fovy_deg, size, size), background=(1.0, 1.0, 1.0), backend=backend
-            )
-        return out.rgb.permute(0, 3, 1, 2).contiguous()
-
-    return render_views

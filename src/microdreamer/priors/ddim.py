@@ -19,60 +19,13 @@ Latents are float32 here whatever the network's precision; the noise predictor c
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from microdreamer.config import DDIMConfig
+
 #: ``eps_fn(latents [B, 4, h, w] float32, t: int) -> eps [B, 4, h, w]`` (any float dtype).
 NoisePredictor = Callable[[torch.Tensor, int], torch.Tensor]
-
-
-@dataclass
-class DDIMConfig:
-    """The DDIM schedule (MicroDreamer's and Zero123's: Stable Diffusion's scaled-linear betas).
-
-    Attributes:
-        num_train_timesteps: T.
-        num_inference_steps: DDIM steps over [0, T) (the grid).
-        beta_start, beta_end, beta_schedule: the noise schedule.
-        timestep_spacing: how the grid is laid out ("leading": 0, T/steps, ...; plus ``steps_offset``).
-        steps_offset: added to every grid timestep.
-        clip_sample: clip the predicted clean latents to [-1, 1] (off: latents are not in [-1, 1]).
-        set_alpha_to_one: alpha of the step past the last one (False: alphas_cumprod[0], SD's choice).
-    """
-
-    num_train_timesteps: int = 1000
-    num_inference_steps: int = 20
-    beta_start: float = 0.00085
-    beta_end: float = 0.012
-    beta_schedule: str = "scaled_linear"
-    timestep_spacing: str = "leading"
-    steps_offset: int = 1
-    clip_sample: bool = False
-    set_alpha_to_one: bool = False
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
-            raise ValueError(
-                f"num_inference_steps must be in 1..{self.num_train_timesteps}, got {self.num_inference_steps}"
-            )
-        if self.timestep_spacing not in ("leading", "trailing"):
-            raise ValueError(
-                f"timestep_spacing must be 'leading' or 'trailing', got {self.timestep_spacing!r}"
-            )
-
-    def scheduler_kwargs(self) -> dict:
-        return {
-            "num_train_timesteps": self.num_train_timesteps,
-            "beta_start": self.beta_start,
-            "beta_end": self.beta_end,
-            "beta_schedule": self.beta_schedule,
-            "timestep_spacing": self.timestep_spacing,
-            "steps_offset": self.steps_offset,
-            "clip_sample": self.clip_sample,
-            "set_alpha_to_one": self.set_alpha_to_one,
-            "prediction_type": "epsilon",
-        }
 
 
 class DDIMRoundTrip:

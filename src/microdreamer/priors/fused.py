@@ -5,7 +5,7 @@ per-sample channel bias added first and SiLU after) for channels-last CUDA tenso
 Why: the Zero123 UNet runs channels-last (NHWC: its convolutions are faster so), but PyTorch's
 GroupNorm has no channels-last CUDA kernel: each of the UNet's 61 GroupNorms copies its input to
 NCHW, normalises, copies back, and SiLU and the time-embedding add are more passes. On the H200 these
-copies and passes were ~30% of a guided UNet call's kernel time (benchmarks/NOTES_generate.md).
+copies and passes were ~30% of a guided UNet call's kernel time (benchmarks/README.md, generate).
 
 The kernels, for x [B, C, *spatial] whose channel stride is 1 (L = prod(spatial) positions, G groups
 of C / G channels):

@@ -30,86 +30,20 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from microdreamer.config import CAMERA_EMBEDDINGS, Zero123Config
 from microdreamer.errors import InputError
 from microdreamer.priors.base import OrbitViews, Prior, Reference
-from microdreamer.priors.ddim import DDIMConfig, DDIMRoundTrip
+from microdreamer.priors.ddim import DDIMRoundTrip
 from microdreamer.priors.fused import fuse_ops
 
 logger = logging.getLogger(__name__)
 
 SUBFOLDERS = ("unet", "vae", "image_encoder", "feature_extractor", "clip_camera_projection")
-CAMERA_EMBEDDINGS = ("stable-zero123", "zero123-xl")
-DEFAULT_MODEL = "ashawkey/stable-zero123-diffusers"
-
-
-@dataclass
-class Zero123Config:
-    """The Zero123 prior: which model, and MicroDreamer's sampling settings.
-
-    Attributes:
-        model: a diffusers-format folder, or a Hugging Face repo id already in the local cache.
-        camera_embedding: "stable-zero123", "zero123-xl", or "auto" (the model folder's
-            ``model_index.json`` says, else "stable" in the model's name picks stable-zero123).
-        guidance_scale: classifier-free guidance of the denoising steps (MicroDreamer: 3.0).
-        eta: DDIM eta of the denoising steps (MicroDreamer: 0.5).
-        inversion_ratio: t1 = inversion_ratio * t2: noise is added up to t1, then DDIM inversion with
-            the unconditional prediction runs from t1 to t2 (MicroDreamer: 0.6).
-        image_size: the side of the images the model sees (Zero123: 256); other sizes are resized.
-        dtype: "auto" (float16 on CUDA, float32 on the CPU), "float16", "bfloat16" or "float32".
-        cuda_graphs: replay the UNet (one graph per batch size) and the VAE's encoder and decoder
-            from CUDA graphs instead of launching their kernels one by one from Python; CUDA only.
-        channels_last: keep the UNet's activations in NHWC (the tensor cores' layout); CUDA only.
-            H200, fp16, CUDA graphs: guided call (batch 12) 13.2 -> 11.7 ms, unconditional (batch 6)
-            9.8 -> 7.9 ms (benchmarks/results/generate_h200.json).
-        vae_channels_last: the same for the VAE. With PyTorch's GroupNorm (no NHWC kernel) it was
-            slower on the H200 (encode of 6 views 10.2 -> 12.6 ms, decode 23.3 -> 24.7 ms); with
-            ``fused_group_norm`` faster (encode 9.9 -> 7.4 ms, decode 15.3 -> 14.8 ms).
-        cudnn_benchmark: let cuDNN time its convolution algorithms for each shape the first time it
-            sees it (inside the prior's calls only); CUDA only. Off: no gain measured on the H200.
-        single_token_cross_attention: compute the UNet's cross-attention to its one context token
-            as that token's projected value (:class:`SingleTokenCrossAttention`; the same result up
-            to rounding, without the per-position query/key/output projections and attention).
-            H200: diffusion 4.73 -> 4.60 s per generation.
-        fused_group_norm: run the UNet's and the VAE's group norms (with the SiLU after them and the
-            ResNet blocks' time-embedding and conv1-bias adds) and the UNet's GEGLU gates as Triton
-            kernels (:mod:`microdreamer.priors.fused`) instead of PyTorch's ops; CUDA only, the norms
-            only where the tensors are channels-last (``channels_last``, ``vae_channels_last``).
-            H200, same run: guided UNet call 11.8 -> 9.1 ms, VAE decode 23.4 -> 12.4 ms, diffusion
-            per generation 4.2 -> 3.1 s (benchmarks/results/generate_h200.json).
-        hf_cache_dir: the Hugging Face cache to look repo ids up in (None: the default one).
-        ddim: the DDIM schedule.
-    """
-
-    model: str = DEFAULT_MODEL
-    camera_embedding: str = "auto"
-    guidance_scale: float = 3.0
-    eta: float = 0.5
-    inversion_ratio: float = 0.6
-    image_size: int = 256
-    dtype: str = "auto"
-    cuda_graphs: bool = True
-    channels_last: bool = True
-    vae_channels_last: bool = True
-    cudnn_benchmark: bool = False
-    single_token_cross_attention: bool = True
-    fused_group_norm: bool = True
-    hf_cache_dir: str | None = None
-    ddim: DDIMConfig = field(default_factory=DDIMConfig)
-
-    def __post_init__(self) -> None:
-        if self.camera_embedding not in ("auto", *CAMERA_EMBEDDINGS):
-            raise ValueError(
-                f"camera_embedding must be auto, {' or '.join(CAMERA_EMBEDDINGS)}; got {self.camera_embedding!r}"
-            )
-        if self.dtype not in ("auto", "float16", "bfloat16", "float32"):
-            raise ValueError(f"dtype must be auto, float16, bfloat16 or float32; got {self.dtype!r}")
-        if not 0.0 < self.inversion_ratio <= 1.0:
-            raise ValueError(f"inversion_ratio must be in (0, 1], got {self.inversion_ratio}")
 
 
 @dataclass

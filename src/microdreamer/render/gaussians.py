@@ -25,14 +25,13 @@ import torch
 
 from microdreamer.cameras import Cameras
 from microdreamer.render import _torch_raster
-from microdreamer.splat import Splat
+from microdreamer.splat import SH_C0, Splat
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "torch", "gsplat")
 
 # Real spherical-harmonics constants (degrees 0..3), the 3DGS / gsplat basis and sign convention.
-SH_C0 = 0.28209479177387814
 SH_C1 = 0.4886025119029199
 SH_C2 = (
     1.0925484305920792,

@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from microdreamer.errors import InputError
+from microdreamer.config import TEXTURE_MODES as MODES
+from microdreamer.config import BakeConfig, BakeViewsConfig, RefineConfig, TextureConfig
 from microdreamer.mesh import Mesh
 from microdreamer.texture.atlas import TexelSamples, fill_texture, texel_samples
 from microdreamer.texture.bake import (
-    BakeConfig,
-    BakeViewsConfig,
     bake_cameras,
     bake_views,
     framing,
@@ -40,7 +39,7 @@ from microdreamer.texture.bake import (
     splat_render_fn,
 )
 from microdreamer.texture.field_bake import bake_field, colour_field, colour_field_reference
-from microdreamer.texture.refine import RefineConfig, TargetsFn, refine_texture, splat_targets
+from microdreamer.texture.refine import TargetsFn, refine_texture, splat_targets
 from microdreamer.texture.unwrap import UVLayout, unwrap
 
 logger = logging.getLogger(__name__)
@@ -69,48 +68,6 @@ __all__ = [
     "texture_mesh",
     "unwrap",
 ]
-
-MODES = ("bake", "field", "none")
-
-
-@dataclass
-class TextureConfig:
-    """Settings of the texture stage.
-
-    Attributes:
-        mode: ``"bake"`` (from splat renders), ``"field"`` (from the colour field) or ``"none"``.
-        size: the texture is size x size texels.
-        max_faces: face cap before unwrapping (decimation); None = no cap.
-        padding: texels between charts in the atlas.
-        chart_iterations: xatlas's chart-growing iterations (``ChartOptions.max_iterations``): 1 (its
-            default) gives the fewest charts; 0 skips the refinement, ~1.4x faster on a smooth 10k-face
-            mesh and ~7x on a noisy one, for ~20 % more charts (more seams) at the same atlas use.
-        bake: the back-projection bake (view set, thresholds, renderer backend).
-        field_cutoff_tol: the field bake's cutoff (as ``FieldConfig.cutoff_tol``); the field's other
-            normalisation settings are FieldConfig's defaults.
-        refine: stage-2 refinement; ``refine.steps = 0`` (the default) skips it.
-    """
-
-    mode: str = "bake"
-    size: int = 1024
-    max_faces: int | None = 50_000
-    padding: int = 2
-    chart_iterations: int = 1
-    bake: BakeConfig = field(default_factory=BakeConfig)
-    field_cutoff_tol: float = 1e-4
-    refine: RefineConfig = field(default_factory=RefineConfig)
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise InputError(f"texture mode {self.mode!r} is unknown; use one of {', '.join(MODES)}")
-        if not 16 <= int(self.size) <= 16384:
-            raise InputError(f"texture size {self.size} is out of range; use 16 to 16384 texels")
-        if self.max_faces is not None and self.max_faces < 4:
-            raise InputError(f"texture max_faces = {self.max_faces} is too small; use at least 4, or none")
-        if self.padding < 0:
-            raise InputError(f"texture padding = {self.padding} is negative; use 0 or more")
-        if self.chart_iterations < 0:
-            raise InputError(f"texture chart_iterations = {self.chart_iterations} is negative; use 0 or more")
 
 
 @dataclass

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from microdreamer.cameras import Cameras
+from microdreamer.io_utils import to_uint8
 
 
 @dataclass
@@ -160,7 +161,7 @@ def fill_texture(
         _, (iy, ix) = ndimage.distance_transform_edt(~covered, return_indices=True)
         texture = texture[iy, ix]
     stats["texels_dilated"] = int(h * w - len(samples))
-    return _to_uint8(texture), stats
+    return to_uint8(texture), stats
 
 
 def _default_texture(samples: TexelSamples, default: tuple[float, ...]) -> tuple[np.ndarray, dict]:
@@ -170,7 +171,7 @@ def _default_texture(samples: TexelSamples, default: tuple[float, ...]) -> tuple
     texture[:] = default
     stats = {"texels_covered": len(samples), "texels_seen": 0, "texels_filled_3d": len(samples),
              "texels_dilated": h * w - len(samples)}  # fmt: skip
-    return _to_uint8(texture), stats
+    return to_uint8(texture), stats
 
 
 def _fill_texture_torch(
@@ -333,7 +334,3 @@ def redilate(texture: np.ndarray, samples: TexelSamples) -> np.ndarray:
         return texture
     _, (iy, ix) = ndimage.distance_transform_edt(~covered, return_indices=True)
     return np.ascontiguousarray(texture[iy, ix])
-
-
-def _to_uint8(texture: np.ndarray) -> np.ndarray:
-    return np.round(np.clip(texture, 0.0, 1.0) * 255.0).astype(np.uint8)

@@ -28,95 +28,17 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from microdreamer.cameras import Cameras, orbit_cameras
+from microdreamer.config import BakeConfig, BakeViewsConfig
 from microdreamer.texture.atlas import TexelSamples
 
 logger = logging.getLogger(__name__)
 
 # render_fn(cameras) -> (premultiplied rgb [C, H, W, 3], alpha [C, H, W, 1]) on the cameras' device
 RenderFn = Callable[[Cameras], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass
-class BakeViewsConfig:
-    """The views a bake renders.
-
-    Attributes:
-        size: H = W of each view, pixels.
-        azimuths: views per elevation ring, evenly spaced from azimuth 0.
-        elevations: ring elevations in degrees (MicroDreamer's sign: negative = above).
-        poles: add one view straight above and one straight below.
-        fovy_deg: vertical field of view.
-        margin: camera distance = margin * (bounding-sphere radius / sin(fovy / 2)); 1 = the sphere
-            touches the image border.
-    """
-
-    size: int = 512
-    azimuths: int = 8
-    elevations: tuple[float, ...] = (0.0, 45.0, -45.0)
-    poles: bool = True
-    fovy_deg: float = 49.1
-    margin: float = 1.05
-
-    def __post_init__(self) -> None:
-        if self.size < 8:
-            raise ValueError(f"bake view size {self.size} is too small; use at least 8 pixels")
-        if self.azimuths < 1 and not self.poles:
-            raise ValueError("the bake needs at least one view: azimuths >= 1 or poles")
-        if not 0.0 < self.fovy_deg < 180.0:
-            raise ValueError(f"fovy_deg = {self.fovy_deg} is out of range; use a value in (0, 180)")
-        if self.margin <= 0.0:
-            raise ValueError(f"margin = {self.margin} must be positive")
-        self.elevations = tuple(float(e) for e in self.elevations)
-
-    @property
-    def num_views(self) -> int:
-        return self.azimuths * len(self.elevations) + (2 if self.poles else 0)
-
-
-@dataclass
-class BakeConfig:
-    """Settings of the back-projection bake (see the module docstring).
-
-    Attributes:
-        views: the view set.
-        cos_threshold: texels seen at a cosine at or below this are not taken from that view.
-        cos_power: blending weight ``alpha * cosine ** cos_power``.
-        min_alpha: the splat's looked-up alpha below which a view gives no colour.
-        depth_eps: relative depth tolerance of the visibility test, added to the slope allowance.
-        cull_backfaces: skip back faces when rasterising for visibility (faster; exact for closed,
-            consistently wound meshes such as the mesh stage makes; set False for open meshes).
-        view_batch: views rendered and rasterised at once (memory: about 60 bytes per pixel of a
-            batch for the rasteriser plus the renderer's own); None = all views at once on a GPU
-            (the rasteriser is bound by per-call overhead there: H200, 26 views of 512^2, 50k faces:
-            0.05 s in one batch, 0.34 s in batches of 4; peak 4.1 GB) and 4 on the CPU.
-        backend: Gaussian renderer backend, ``"auto" | "torch" | "gsplat"``.
-    """
-
-    views: BakeViewsConfig = field(default_factory=BakeViewsConfig)
-    cos_threshold: float = 0.1
-    cos_power: float = 4.0
-    min_alpha: float = 0.5
-    depth_eps: float = 2e-3
-    cull_backfaces: bool = True
-    view_batch: int | None = None
-    backend: str = "auto"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.views, dict):
-            self.views = BakeViewsConfig(**self.views)
-        if not -1.0 <= self.cos_threshold < 1.0:
-            raise ValueError(f"cos_threshold = {self.cos_threshold} is out of range; use a value in [-1, 1)")
-        if self.cos_power < 0:
-            raise ValueError(f"cos_power = {self.cos_power} must be >= 0")
-        if not 0.0 <= self.min_alpha <= 1.0:
-            raise ValueError(f"min_alpha = {self.min_alpha} is out of range; use a value in [0, 1]")
-        if self.view_batch is not None and self.view_batch < 1:
-            raise ValueError(f"view_batch = {self.view_batch} must be >= 1")
 
 
 def framing(vertices: torch.Tensor) -> tuple[torch.Tensor, float]:

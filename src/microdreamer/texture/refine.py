@@ -20,54 +20,17 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from microdreamer.cameras import Cameras
+from microdreamer.config import RefineConfig
 from microdreamer.mesh import Mesh
 
 logger = logging.getLogger(__name__)
 
 TargetsFn = Callable[[Cameras], torch.Tensor]
-
-
-@dataclass
-class RefineConfig:
-    """Settings of the texture refinement.
-
-    Attributes:
-        steps: optimisation steps; 0 turns refinement off (``--refine`` sets it to the CLI's value).
-        lr: Adam learning rate on texel values in [0, 1].
-        views: size of the pool of random orbit views (rasterised once).
-        batch: views per step.
-        size: H = W of the views.
-        elevation_range: elevations are drawn uniformly from this range (degrees, negative = above).
-        fovy_deg, margin: framing, as in the bake (see ``BakeViewsConfig``).
-        cache_targets: compute each pool view's targets once (True) or call ``targets_fn`` per batch.
-        seed: seeds the pool's view directions and the batch order.
-    """
-
-    steps: int = 0
-    lr: float = 0.01
-    views: int = 32
-    batch: int = 4
-    size: int = 512
-    elevation_range: tuple[float, float] = (-60.0, 60.0)
-    fovy_deg: float = 49.1
-    margin: float = 1.05
-    cache_targets: bool = True
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.steps < 0:
-            raise ValueError(f"refine steps = {self.steps} must be >= 0")
-        if self.lr <= 0:
-            raise ValueError(f"refine lr = {self.lr} must be positive")
-        if self.views < 1 or self.batch < 1:
-            raise ValueError(f"refine views = {self.views} and batch = {self.batch} must be >= 1")
-        self.elevation_range = tuple(float(e) for e in self.elevation_range)
 
 
 def splat_targets(splat, backend: str = "auto") -> TargetsFn:

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import torch
 
 from microdreamer.cameras import Cameras
+from microdreamer.config import TrainConfig
 from microdreamer.render import RenderOutput, render
 from microdreamer.render.gaussians import resolve_backend
 from microdreamer.splat import Splat
-from microdreamer.train.config import TrainConfig
 from microdreamer.train.densify import PARAM_NAMES, DensifyStats, densify_and_prune, reset_opacity
 from microdreamer.train.schedule import exponential_lr
 
