@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 
@@ -66,26 +65,6 @@ def save_result(path: str | Path, payload: dict) -> None:
     doc = {"command": "python " + shlex.join(sys.argv), "hardware": hardware(), **payload}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
-
-
-def synthetic_arrays(r: int, n: int) -> tuple:
-    """The synthetic object (seed 0) prepared for an R^3 exact-mode grid, for the CPU simulations:
-    ``(config, means [N, 3], radii [N, 3], transforms [N, 3, 3])``, the arrays float64 numpy."""
-    from microdreamer.field import FieldConfig, prepare_gaussians
-    from microdreamer.synthetic import make_synthetic_object
-
-    cfg = FieldConfig(resolution=r, mode="exact")
-    p, _ = prepare_gaussians(make_synthetic_object(n, seed=0), cfg)
-    return cfg, p.means.double().numpy(), p.radii.double().numpy(), p.transforms.double().numpy()
-
-
-def voxel_boxes(means: np.ndarray, radii: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """[N, 3] int first and last voxel index of each Gaussian's cutoff box on the R^3 grid, clipped to it: the
-    kernels' rule (``exact_range`` in fields.cu, 1e-3 voxel of slack)."""
-    h = 2.0 / (r - 1)
-    lo = np.clip(np.ceil((means - radii + 1) / h - 1e-3), 0, r - 1).astype(int)
-    hi = np.clip(np.floor((means + radii + 1) / h + 1e-3), 0, r - 1).astype(int)
-    return lo, hi
 
 
 def time_ms(fn, warmup: int = 1, reps: int = 10) -> list[float]:

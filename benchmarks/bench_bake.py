@@ -53,7 +53,6 @@ from _common import hardware  # benchmarks/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / ".." / "shared" / "samples"
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def _sync(device: torch.device) -> None:
@@ -84,8 +83,8 @@ def build_layout(splat_path: Path, cache: Path | None, faces: int):
         mesh = Mesh(data["vertices"], data["faces"])
         return UVLayout(mesh, data["uv"], data["source_vertex"], json.loads(str(data["stats"])))
     from microdreamer.field import FieldConfig
+    from microdreamer.jobs.export import splat_to_mesh
     from microdreamer.mesh import MeshConfig
-    from microdreamer.pipeline import splat_to_mesh
     from microdreamer.splat import read_ply
 
     splat = read_ply(splat_path)
@@ -240,9 +239,9 @@ def _psnrs(pred, ref, mask) -> dict:
 
 def bench_quality(args) -> dict:
     from microdreamer.field import FieldConfig
+    from microdreamer.jobs.export import splat_to_mesh
     from microdreamer.mesh import Mesh, MeshConfig
-    from microdreamer.mesh_io import load_textured_mesh
-    from microdreamer.pipeline import splat_to_mesh
+    from microdreamer.mesh.load import load_textured_mesh
     from microdreamer.render.gaussians import render
     from microdreamer.render.mesh import render_mesh
     from microdreamer.texture import (
@@ -368,9 +367,9 @@ def bench_quality_reconstruction(args) -> dict:
     """The reconstruction Must-show: reconstructed splat -> mesh -> texture -> PSNR at 8 held-out views."""
     from microdreamer.data import load_dataset
     from microdreamer.field import FieldConfig
+    from microdreamer.jobs.export import splat_to_mesh
     from microdreamer.mesh import MeshConfig
-    from microdreamer.mesh_io import load_textured_mesh
-    from microdreamer.pipeline import splat_to_mesh
+    from microdreamer.mesh.load import load_textured_mesh
     from microdreamer.render.gaussians import render
     from microdreamer.render.mesh import render_mesh
     from microdreamer.splat import read_ply

@@ -1,10 +1,10 @@
 """Wall-clock time of `microdreamer mesh --texture none` (splat -> field -> mesh -> file), Python
 start-up included, on this machine (the texture stage is timed by bench_bake.py).
 
-    python benchmarks/bench_mesh_cpu.py [--splat PATH] [--resolution 128] [--repeat 3]
+    python benchmarks/bench_export.py [--splat PATH] [--resolution 128] [--repeat 3]
 
 Runs the installed console script in a fresh process per repetition, for both field modes, and
-writes benchmarks/results/mesh_cpu.json (median wall seconds, the per-stage seconds the command
+writes benchmarks/results/export_cpu.json (median wall seconds, the per-stage seconds the command
 printed, the exact commands, and the hardware).
 """
 
@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--splat", type=Path, default=DEFAULT_SPLAT)
     ap.add_argument("--resolution", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "mesh_cpu.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "export_cpu.json")
     args = ap.parse_args()
     if not args.splat.exists():
         sys.exit(f"error: {args.splat}: not found (the sample splats live in ../shared/samples/splats)")

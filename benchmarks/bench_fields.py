@@ -2,7 +2,7 @@
 vectorised PyTorch path, on seeded synthetic objects and the real sample splats.
 
     python benchmarks/bench_fields.py [--out benchmarks/results/fields_h200.json] [--quick]
-        [--cases 50000x128,1000000x512] [--modes exact] [--variants 1,2,3] [--no-samples]
+        [--cases 50000x128,1000000x512] [--modes exact] [--variants 1,2] [--no-samples]
         [--chunks 1,2,4] [--scatter 0,default] [--splits default] [--sized default]
         [--precise default]
 
@@ -28,18 +28,10 @@ import torch
 
 from _common import hardware  # benchmarks/ is on sys.path when run as a script
 from microdreamer.field import FieldConfig, prepare_gaussians
+from microdreamer.field.cuda import CudaFieldOptions, extract_fields
 from microdreamer.field.reference import covariance6, gaussian_3d_coeff
 from microdreamer.field.torch_impl import density_field_torch
-from microdreamer.kernels import (
-    _backend,
-    default_chunks,
-    default_scatter_precise,
-    default_scatter_voxels,
-    default_sized_list,
-    default_splits,
-    default_variant,
-    extract_fields,
-)
+from microdreamer.kernels import _backend
 from microdreamer.splat import read_ply
 from microdreamer.synthetic import make_synthetic_object
 
@@ -127,6 +119,44 @@ def upstream_loop(prepared, grid, config) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 
+EXP2_PROBE = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+__global__ void exp2_kernel(float* out, int64_t threads, int iters) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= threads) return;
+  float v[8];  // eight independent chains keep the special-function unit busy; each step is one ex2.approx
+  for (int c = 0; c < 8; ++c) v[c] = -1e-3f * static_cast<float>((t + c) & 255);
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      float y;
+      asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(v[c]));
+      v[c] = -y;
+    }
+  }
+  float s = 0.f;
+  for (int c = 0; c < 8; ++c) s += v[c];
+  out[t] = s;
+}
+at::Tensor exp2_probe(int64_t threads, int64_t iters) {
+  at::Tensor out = at::empty({threads}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+  exp2_kernel<<<(threads + 255) / 256, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      out.data_ptr<float>(), threads, static_cast<int>(iters));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+"""
+
+
+def exp2_probe():
+    """This benchmark's own extension: threads x iters x 8 ex2.approx (the special-function unit's rate)."""
+    from torch.utils.cpp_extension import load_inline
+
+    return load_inline("microdreamer_exp2_probe", cpp_sources="at::Tensor exp2_probe(int64_t threads, int64_t iters);",
+                       cuda_sources=EXP2_PROBE, functions=["exp2_probe"], extra_cuda_cflags=["-O3"])  # fmt: skip
+
+
 def measure_rates() -> dict:
     n = 512 * 2**20  # 2 GiB of float32
     src = torch.rand(n, device="cuda")
@@ -135,10 +165,10 @@ def measure_rates() -> dict:
     fill_ms, _ = cuda_time(lambda _: dst.fill_(1.0), warmup=2, reps=10)
     src = dst = None
     torch.cuda.empty_cache()
-    ext = _backend.load()
+    probe = exp2_probe()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     threads, iters = sms * 2048 * 2, 2048
-    exp_ms, _ = cuda_time(lambda _: ext.exp2_probe(threads, iters), warmup=2, reps=10)
+    exp_ms, _ = cuda_time(lambda _: probe.exp2_probe(threads, iters), warmup=2, reps=10)
     return {
         "copy_GBps": 2 * 4 * n / copy_ms / 1e6,  # bytes read + written
         "write_GBps": 4 * n / fill_ms / 1e6,
@@ -213,13 +243,12 @@ def bench_mode(
     row0 = {"input": name, "N": n_kept, "R": r, "mode": mode}
 
     def fast(s, chunks, variant, scatter, split=None, sized_list=None, scatter_precise=None):
-        return extract_fields(
-            s[0], s[1], cfg, "fast", chunks=chunks, variant=variant, scatter_voxels=scatter, splits=split,
-            sized_list=sized_list, scatter_precise=scatter_precise,
-        )  # fmt: skip
+        options = CudaFieldOptions(chunks=chunks, variant=variant, scatter_voxels=scatter, splits=split,
+                                   sized_list=sized_list, scatter_precise=scatter_precise)  # fmt: skip
+        return extract_fields(s[0], s[1], cfg, options)
 
     def naive(s):
-        return extract_fields(s[0], s[1], cfg, "naive")
+        return extract_fields(s[0], s[1], cfg, CudaFieldOptions(impl="naive"))
 
     def torch_path(s):
         return density_field_torch(s[0], s[1], cfg)
@@ -229,7 +258,12 @@ def bench_mode(
 
     # fast, every tile depth and variant
     outs, fast_rows, row_keys = {}, [], {}
-    scatters = tuple(dict.fromkeys(default_scatter_voxels(cfg) if x is None else x for x in scatters))
+    defaults = CudaFieldOptions().resolve(cfg, n_kept)
+
+    def default_splits(chunks):
+        return CudaFieldOptions(chunks=chunks).resolve(cfg, n_kept).splits
+
+    scatters = tuple(dict.fromkeys(defaults.scatter_voxels if x is None else x for x in scatters))
     if mode != "exact":
         scatters = (0,)
     combos = [
@@ -254,25 +288,25 @@ def bench_mode(
         outs[key] = fast(sets[0], *key)
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) * 1e3
-        used_splits = (split or default_splits(cfg, chunks)) if variant == 2 else 1
+        used_splits = (split or default_splits(chunks)) if variant == 2 else 1
         fast_rows.append({**row0, "impl": "fast", "chunks": chunks, "variant": variant,
                           "scatter_voxels": scatter, "splits": used_splits,
-                          "sized_list": (default_sized_list(cfg) if sized_list is None else sized_list)
+                          "sized_list": (defaults.sized_list if sized_list is None else sized_list)
                           if variant >= 2 else True,
-                          "scatter_precise": default_scatter_precise(cfg) if scatter_precise is None
+                          "scatter_precise": defaults.scatter_precise if scatter_precise is None
                           else scatter_precise,
-                          "default": chunks == default_chunks(cfg) and variant == default_variant(cfg)
-                          and scatter == default_scatter_voxels(cfg)
-                          and split in (None, default_splits(cfg, chunks))
-                          and sized_list in (None, default_sized_list(cfg))
-                          and scatter_precise in (None, default_scatter_precise(cfg)),
+                          "default": chunks == defaults.chunks and variant == defaults.variant
+                          and scatter == defaults.scatter_voxels
+                          and split in (None, default_splits(chunks))
+                          and sized_list in (None, defaults.sized_list)
+                          and scatter_precise in (None, defaults.scatter_precise),
                           "median_ms": ms, "runs_ms": times, "wall_ms_one_call": wall,
                           "peak_MB": peak_mb(lambda s, k=key: fast(s, *k), sets[0])})  # fmt: skip
         row_keys[id(fast_rows[-1])] = key
     rows.extend(fast_rows)
     fast_out = outs.get(
         (
-            default_chunks(cfg),
+            defaults.chunks,
             variants[0],
             scatters[0],
             splits[0] if variants[0] == 2 else None,
@@ -394,7 +428,7 @@ def main() -> None:
         "--cases", default="", help="synthetic cases NxR, comma-separated (default: every N x R)"
     )
     parser.add_argument("--modes", default="exact,upstream", help="field modes, comma-separated")
-    parser.add_argument("--variants", default="1,2,3", help="fast-kernel variants, comma-separated")
+    parser.add_argument("--variants", default="1,2", help="fast-kernel variants, comma-separated")
     parser.add_argument("--no-samples", action="store_true", help="skip the real sample splats")
     parser.add_argument(
         "--scatter",
@@ -415,7 +449,7 @@ def main() -> None:
     parser.add_argument(
         "--sized",
         default="default",
-        help="variants 2, 3: sized_list values, comma-separated: default, 0 or 1",
+        help="variant 2: sized_list values, comma-separated: default, 0 or 1",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -49,7 +49,7 @@ from _common import (  # benchmarks/ on sys.path
     step_wall_ms,
     time_ms,
 )
-from microdreamer.generate import GenerateConfig, generate
+from microdreamer.jobs.generate import GenerateConfig, generate
 
 
 def synthetic_input(path: Path, size: int = 512) -> Path:
@@ -106,7 +106,7 @@ def _compile_in_background() -> tuple[list[threading.Thread], dict]:
 
 
 def load_prior(args, device: torch.device, cfg: GenerateConfig):
-    from microdreamer.generate import build_prior
+    from microdreamer.jobs.generate import build_prior
 
     if args.model:
         return build_prior(cfg.prior, device, model=args.model)

@@ -29,13 +29,12 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' input builders
 
 from _common import hardware, time_ms  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from microdreamer.cameras import orbit_cameras  # noqa: E402
 from microdreamer.render import render  # noqa: E402
 from microdreamer.splat import Splat  # noqa: E402
-from test_render_gaussians import random_splat  # noqa: E402
+from microdreamer.synthetic import random_sh_splat  # noqa: E402
 
 SPOT = ROOT / ".." / "shared" / "samples" / "meshes" / "spot"
 
@@ -61,7 +60,7 @@ def bench_step(args) -> dict:
     cams = orbit_cameras(el, az, width=args.size, height=args.size).to(device)
     rows = []
     for n in args.n:
-        base = random_splat(n, seed=0, spread=0.4, log_scale=-4.0, device=device)
+        base = random_sh_splat(n, seed=0, spread=0.4, log_scale=-4.0, device=device)
         targets = torch.rand(args.views, args.size, args.size, 4, device=device)
         for backend in args.backends:
             if backend == "gsplat" and device != "cuda":
@@ -123,7 +122,7 @@ def level_sweep(splat, gt, levels, device) -> dict:
 def bench_sweep(args) -> dict:
     """Re-mesh a saved splat (e.g. the H200 spot reconstruction) at several iso-levels."""
     from microdreamer.data import load_dataset
-    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.mesh.load import load_textured_mesh
     from microdreamer.splat import read_ply
 
     mesh_path = Path(args.mesh) if args.mesh else SPOT / "spot_triangulated.obj"
@@ -138,7 +137,7 @@ def bench_sweep(args) -> dict:
 
 def bench_spot(args) -> dict:
     from microdreamer.data import load_dataset, render_views
-    from microdreamer.mesh_io import load_textured_mesh
+    from microdreamer.mesh.load import load_textured_mesh
     from microdreamer.metrics import mesh_metrics
     from microdreamer.train import ReconstructConfig
     from microdreamer.train.reconstruct import reconstruct_dataset
