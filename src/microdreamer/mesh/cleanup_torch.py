@@ -50,14 +50,50 @@ def min_labels(num_nodes: int, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return parent
 
 
-def close_pairs(points: torch.Tensor, tolerance: float) -> torch.Tensor:
+def _run_pairs(sorted_key: torch.Tensor, budget: int):
+    """Yields ``(first, second)`` int64 positions into ``sorted_key`` ([K] sorted), ``first < second``,
+    of every pair with equal keys, at most about ``budget`` pairs at a time."""
+    k = sorted_key.shape[0]
+    device = sorted_key.device
+    starts_run = torch.ones(k, dtype=torch.bool, device=device)
+    starts_run[1:] = sorted_key[1:] != sorted_key[:-1]
+    run_start = torch.nonzero(starts_run).squeeze(1)
+    run_end = torch.cat([run_start[1:], torch.tensor([k], device=device)])
+    run_id = torch.cumsum(starts_run, 0) - 1
+    after = run_end[run_id] - torch.arange(k, device=device) - 1  # partners later in the same run
+    pos = torch.nonzero(after).squeeze(1)
+    if pos.numel() == 0:
+        return
+    reps = after[pos]
+    ends = torch.cumsum(reps, 0)
+    total = int(ends[-1])
+    cuts = []
+    if total > budget:
+        marks = torch.arange(budget, total, budget, device=device)
+        cuts = torch.searchsorted(ends, marks, right=True).tolist()
+    bounds = [0, *cuts, pos.numel()]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        if hi <= lo:
+            continue
+        r = reps[lo:hi]
+        n = int(r.sum())
+        first = torch.repeat_interleave(pos[lo:hi], r, output_size=n)
+        step = torch.arange(n, device=device) - torch.repeat_interleave(
+            torch.cumsum(r, 0) - r, r, output_size=n
+        )
+        yield first, first + 1 + step
+
+
+def close_pairs(points: torch.Tensor, tolerance: float, budget: int = 1 << 24) -> torch.Tensor:
     """[P, 2] int64: pairs ``(i, j)``, ``i != j``, of rows of ``points`` ([K, 3] float64) at most
     ``tolerance`` apart (Euclidean; 0: identical points), each pair at least once, possibly repeated.
 
-    Cells of side ``s >= 3 * tolerance`` in eight grids shifted by ``s / 2`` along any subset of the
-    axes: along one axis, two points less than ``s / 2`` apart share a cell of the unshifted or of the
-    shifted grid, so every close pair shares a cell in one of the eight. Points sharing a cell are
-    adjacent in the order of the sorted cell keys; they are tested in runs.
+    Cells of side ``s`` just above ``2 * tolerance`` in eight grids shifted by ``s / 2`` along any
+    subset of the axes: along one axis, two points less than ``s / 2`` apart share a cell of the
+    unshifted or of the shifted grid, so every close pair shares a cell in one of the eight. Points
+    sharing a cell are runs of the sorted cell keys; all pairs within a run are tested (``budget``
+    pairs at a time). The work is the number of same-cell pairs: small unless the tolerance spans
+    many vertices.
     """
     k = points.shape[0]
     device = points.device
@@ -65,28 +101,26 @@ def close_pairs(points: torch.Tensor, tolerance: float) -> torch.Tensor:
         return torch.zeros((0, 2), dtype=torch.int64, device=device)
     lo = points.min(dim=0).values
     extent = float((points.max(dim=0).values - lo).max())
-    cell = max(3.0 * float(tolerance), extent * 2.0**-_KEY_BITS)
+    # the margin covers the rounding of (p - lo) / s: below 2^21 * 2^-52 cells
+    cell = max(2.0 * float(tolerance) * (1.0 + 1e-6), extent * 2.0**-_KEY_BITS)
     if cell == 0.0:  # all points identical
         cell = 1.0
     scaled = (points - lo) / cell
+    tol2 = float(tolerance) ** 2
     found = []
     for shift in range(8):
         s = torch.tensor([(shift >> a & 1) * 0.5 for a in range(3)], dtype=torch.float64, device=device)
         c = torch.floor(scaled + s).long()
         key = (c[:, 0] << (2 * (_KEY_BITS + 1))) | (c[:, 1] << (_KEY_BITS + 1)) | c[:, 2]
         sorted_key, order = torch.sort(key)
-        d = 1
-        while d < k:
-            same = sorted_key[d:] == sorted_key[:-d]
-            if not bool(same.any()):
-                break
-            found.append(torch.stack([order[:-d][same], order[d:][same]], dim=1))
-            d += 1
+        for first, second in _run_pairs(sorted_key, budget):
+            a, b = order[first], order[second]
+            diff = points[a] - points[b]
+            close = (diff * diff).sum(dim=1) <= tol2
+            found.append(torch.stack([a[close], b[close]], dim=1))
     if not found:
         return torch.zeros((0, 2), dtype=torch.int64, device=device)
-    pairs = torch.cat(found)
-    diff = points[pairs[:, 0]] - points[pairs[:, 1]]
-    return pairs[(diff * diff).sum(dim=1) <= float(tolerance) ** 2]
+    return torch.cat(found)
 
 
 def merge_map_torch(
