@@ -2,8 +2,8 @@
 scikit-image's Lorensen marching cubes (with marching.py's pad, orientation and world mapping) and the
 NumPy/SciPy cleanup. CPU here; the ``cuda`` copies run the same checks on a GPU.
 
-Input builders shared with benchmarks/bench_marching.py: :func:`smooth_field`, :func:`sphere_field`,
-:func:`torus_field`.
+Input builders shared with benchmarks/bench_marching.py: :func:`blobby_field`, :func:`smooth_field`,
+:func:`sphere_field`, :func:`torus_field`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,36 @@ def torus_field(shape, major: float = 0.55, minor: float = 0.2) -> np.ndarray:
     p = grid_points(shape)
     ring = np.hypot(p[..., 0], p[..., 1]) - major
     return (1.0 + (minor - np.hypot(ring, p[..., 2])) / minor).astype(np.float32)
+
+
+def blobby_field(
+    r: int, seed: int = 0, device: torch.device | str = "cpu", floaters: int = 24
+) -> torch.Tensor:
+    """[R, R, R] float32 on ``device``, an object like a splat's density field at iso-level 1 on the
+    grid [-1, 1]^3: a lumpy ball of radius ~0.55 (low-frequency noise on its radius; ~16 R^2 faces)
+    with ``floaters`` small balls (1.5 to 4 voxels) around it, values falling off as 1 + 8 x (signed
+    distance). Built on ``device`` (a few passes over R^3; no R^3 coordinate grids)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.linspace(-1.0, 1.0, r, device=device)
+    radius = torch.sqrt(x[:, None, None] ** 2 + x[None, :, None] ** 2 + x[None, None, :] ** 2)
+    noise = torch.randn((1, 1, 6, 6, 6), generator=g).to(device)
+    lumps = torch.nn.functional.interpolate(noise, size=(r, r, r), mode="trilinear", align_corners=True)[0, 0]
+    values = 1.0 + 8.0 * (0.55 + 0.05 * lumps - radius)
+    del radius, lumps
+    h = 2.0 / (r - 1)
+    for _ in range(floaters):
+        d = torch.randn(3, generator=g)
+        centre = d / d.norm() * (0.7 + 0.2 * torch.rand(1, generator=g))
+        rb = h * (1.5 + 2.5 * float(torch.rand(1, generator=g)))
+        lo = [max(0, int((float(c) - 2 * rb + 1) / h)) for c in centre]
+        hi = [min(r, int((float(c) + 2 * rb + 1) / h) + 2) for c in centre]
+        box = [x[lo[a] : hi[a]] - float(centre[a]) for a in range(3)]
+        dist = torch.sqrt(
+            box[0][:, None, None] ** 2 + box[1][None, :, None] ** 2 + box[2][None, None, :] ** 2
+        )
+        sub = values[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
+        torch.maximum(sub, 1.0 + 8.0 * (rb - dist), out=sub)
+    return values.float().contiguous()
 
 
 def quantised_field(shape, seed: int, levels: int = 6, fraction: float = 0.3) -> np.ndarray:
@@ -253,16 +283,17 @@ def test_single_sample_and_thin_grids_with_close_boundary(device):
         assert_closed_and_outward(got.to_mesh())
 
 
-def test_rejects_bad_input():
+@pytest.mark.parametrize("device", DEVICES)
+def test_rejects_bad_input(device):
     with pytest.raises(ValueError, match="3D grid"):
         marching_cubes_torch(torch.zeros(4, 4), 1.0, np.zeros(3), 1.0)
-    bad = torch.zeros(4, 4, 4)
-    bad[1, 2, 3] = float("nan")
-    with pytest.raises(ValueError, match="NaN"):
-        marching_cubes_torch(bad, 1.0, np.zeros(3), 1.0)
-    bad[1, 2, 3] = float("inf")
-    with pytest.raises(ValueError, match="NaN or infinite"):
-        marching_cubes_torch(bad, 1.0, np.zeros(3), 1.0)
+    for bad_value in (float("nan"), float("inf"), -float("inf")):
+        for where in ((1, 2, 3), (0, 0, 0), (4, 4, 4)):
+            bad = torch.zeros(5, 5, 5)
+            bad[1, 1, 1] = 2.0  # a surface otherwise
+            bad[where] = bad_value
+            with pytest.raises(ValueError, match="NaN or infinite"):
+                marching_cubes_torch(bad.to(device), 1.0, np.zeros(3), 1.0)
     with pytest.raises(ValueError, match="spacing"):
         marching_cubes_torch(torch.zeros(4, 4, 4), 1.0, np.zeros(3), 0.0)
     with pytest.raises(ValueError, match="origin"):

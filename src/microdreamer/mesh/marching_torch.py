@@ -10,21 +10,25 @@ mesh bit for bit up to the numbering of the vertices (faces come in the same ord
 
 Steps, all tensor operations on the grid's device (no Python loop over cells):
 
-1. ``inside = values > threshold`` (decided in float64 as scikit-image decides it); per cube the 8-bit
-   case from its corners; the active cubes (neither all in nor all out) by ``nonzero``.
-2. Per sample, a 3-bit mask of which of its three forward edges the surface crosses; an exclusive
-   scan of the masks' popcounts gives every crossed edge its vertex id (sample-major, then axis).
-3. Per active cube, its triangles from the table; each triangle corner's edge gives the vertex id by
-   a gather from the scan.
+1. ``inside = values > threshold`` (decided in float64 as scikit-image decides it), on the grid
+   extended by a copy of its last layer on each high side so that every sample is the lowest corner
+   of a cube; per cube the 8-bit case of its corners, built one axis at a time; the active cubes
+   (neither all in nor all out) by ``nonzero``. These are the only passes over R^3.
+2. Every crossed edge starts at the lowest sample of an active cube (its three forward edges are the
+   cube's edges from corner 0): a scan over the active cubes of how many of those three cross gives
+   every crossed edge its vertex id (by sample in C order, then axis).
+3. Per active cube inside the grid, its triangles from the table; each triangle corner's edge names
+   its lower sample, whose rank among the active cubes (a binary search) gives the vertex id.
 4. Per crossed edge, the vertex by scikit-image's interpolation between the edge's two samples.
 
-Memory for an R^3 grid: besides the input (and its padded copy with ``close_boundary``), three uint8
-and one int32 tensor of R^3, plus O(V + F) for the mesh (~2.3 GB at 512^3 with the pad).
+Memory for an R^3 grid: besides the input (and its padded copy with ``close_boundary``), about three
+uint8 tensors of R^3 at a time, plus O(M) for the M active cubes and O(V + F) for the mesh.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -170,9 +174,16 @@ def close_boundary_pad_torch(values: torch.Tensor, threshold: float) -> torch.Te
     return padded
 
 
-def _popcount3(bits: torch.Tensor) -> torch.Tensor:
-    """Set bits of a uint8 tensor whose values are < 8 (uint8)."""
-    return (bits & 1) + ((bits >> 1) & 1) + (bits >> 2)
+def _edge_bit_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(``[256]`` int64: per cube case, bit ``a`` set when the edge from the cube's lowest corner
+    along axis ``a`` crosses the level; ``[8, 3]`` int64: for such a 3-bit mask, the set bits below
+    bit ``a``, i.e. the rank of axis ``a``'s vertex among the sample's)."""
+    c = np.arange(256)
+    # corner 0 against corner 4 (axis 0), 2 (axis 1), 1 (axis 2)
+    bits = ((c ^ (c >> 4)) & 1) | (((c ^ (c >> 2)) & 1) << 1) | (((c ^ (c >> 1)) & 1) << 2)
+    b = np.arange(8)
+    rank = np.stack([np.zeros(8, np.int64), b & 1, (b & 1) + (b >> 1 & 1)], axis=1)
+    return bits.astype(np.int64), rank.astype(np.int64)
 
 
 def marching_cubes_torch(
@@ -214,7 +225,9 @@ def marching_cubes_torch(
     )
     if grid.numel() == 0:
         return empty
-    if not bool(torch.isfinite(grid).all()):
+    # one pass for both checks: the extremes propagate NaN and hold any infinity
+    low, high = (float(x) for x in torch.aminmax(grid))
+    if not (math.isfinite(low) and math.isfinite(high)):
         raise ValueError("values contains NaN or infinite samples; the density field is broken")
     origin_np = _host_vector(origin, "origin").reshape(-1)
     if origin_np.shape != (3,):
@@ -224,10 +237,10 @@ def marching_cubes_torch(
         raise ValueError(f"spacing must be positive, got {spacing_np.tolist()}")
 
     threshold = float(threshold)
-    # the same test as the scikit-image path (float32), so both paths agree on "no surface"
-    n_inside = int(torch.count_nonzero(grid > float(np.float32(threshold))))
-    if n_inside == 0 or n_inside == grid.numel():
-        where = "below or at" if n_inside == 0 else "above"
+    # the scikit-image path's test (in float32: low and high are float32), so both agree on "no surface"
+    t32 = float(np.float32(threshold))
+    if high <= t32 or low > t32:
+        where = "below or at" if high <= t32 else "above"
         logger.info("marching cubes: every sample is %s the threshold %g; no surface", where, threshold)
         return empty
 
@@ -237,88 +250,74 @@ def marching_cubes_torch(
         offset = 1.0
     grid = grid.contiguous()
     r0, r1, r2 = grid.shape
-    inside = (grid > _side_threshold(threshold)).to(torch.uint8)
-
-    # 1. the case of every cube, the active cubes
-    c0, c1, c2 = r0 - 1, r1 - 1, r2 - 1
-    case = torch.zeros((c0, c1, c2), dtype=torch.uint8, device=device)
-    for n in range(8):
-        di, dj, dk = n >> 2 & 1, n >> 1 & 1, n & 1
-        case |= inside[di : di + c0, dj : dj + c1, dk : dk + c2] << n
-    case = case.view(-1)
-    active = torch.nonzero((case != 0) & (case != 255)).squeeze(1)  # [M] int64, C order
+    # 1. the case of every cube; the sample grid is extended by one copy of its last layer on each
+    # high side, so that every sample is the lowest corner of a cube (the extension's cubes hold the
+    # grid's last edges; edges into the copy never cross)
+    ext = grid.new_empty((r0 + 1, r1 + 1, r2 + 1), dtype=torch.uint8)
+    torch.gt(grid, _side_threshold(threshold), out=ext[:r0, :r1, :r2])
+    ext[r0, :r1, :r2] = ext[r0 - 1, :r1, :r2]
+    ext[:, r1, :r2] = ext[:, r1 - 1, :r2]
+    ext[:, :, r2] = ext[:, :, r2 - 1]
+    # corner n = (di, dj, dk) is bit 4 di + 2 dj + dk: combined one axis at a time
+    case = ext[:, :, :-1] | (ext[:, :, 1:] << 1)
+    del ext
+    case = case[:, :-1] | (case[:, 1:] << 2)
+    case = (case[:-1] | (case[1:] << 4)).view(-1)  # [R0 * R1 * R2], cube = its lowest sample
+    # neither all in nor all out (uint8 wraps: 255 + 1 = 0); [M] sample indices, sorted
+    active = torch.nonzero((case + 1) > 1).squeeze(1)
     cases = case[active].long()
     del case
 
-    # 2. crossed edges per sample (bit a: the edge to the next sample along axis a), vertex ids
-    bits = torch.zeros((r0, r1, r2), dtype=torch.uint8, device=device)
-    bits[:-1] |= inside[:-1] ^ inside[1:]
-    bits[:, :-1] |= (inside[:, :-1] ^ inside[:, 1:]) << 1
-    bits[:, :, :-1] |= (inside[:, :, :-1] ^ inside[:, :, 1:]) << 2
-    del inside
-    bits = bits.view(-1)
-    counts = _popcount3(bits)
-    base = torch.cumsum(counts, 0, dtype=torch.int32)
+    # 2. the crossed edges that start at each active cube's lowest sample (bit a: along axis a) and
+    # their vertex ids: an exclusive scan over the active cubes (vertices by sample, then axis)
+    edge_bits_np, rank_np = _edge_bit_tables()
+    cube_bits = torch.from_numpy(edge_bits_np).to(device)[cases]  # [M]
+    rank_lut = torch.from_numpy(rank_np).to(device)  # [8, 3]: vertices of lower axes at the sample
+    counts = rank_lut[cube_bits, 2] + (cube_bits >> 2)
+    base = torch.cumsum(counts, 0)
     num_vertices = int(base[-1])
-    base -= counts  # exclusive scan: the id of the sample's first vertex
-    del counts
-    # rank of a sample's vertex among its own: the set bits below its axis
-    b = torch.arange(8, device=device)
-    rank_lut = torch.stack([torch.zeros_like(b), b & 1, (b & 1) + (b >> 1 & 1)], dim=1)  # [8, 3]
+    base -= counts
 
-    # 3. triangles of the active cubes
+    # 3. triangles of the active cubes inside the grid (not the extension's)
     tri_count_np, tri_edges_np = table_arrays()
-    tri_count = torch.from_numpy(tri_count_np).to(device)
-    tri_edges = torch.from_numpy(tri_edges_np).to(device)
     lower_np, axis_np = edge_geometry()
     strides = np.array([r1 * r2, r2, 1], np.int64)
     edge_offset = torch.from_numpy(lower_np @ strides).to(device)  # [12] linear offset of the lower sample
     edge_axis = torch.from_numpy(axis_np).to(device)
-
-    ntri = tri_count[cases]
+    ai = torch.div(active, r1 * r2, rounding_mode="floor")
+    aj = torch.div(active, r2, rounding_mode="floor") % r1
+    ak = active % r2
+    inner = (ai < r0 - 1) & (aj < r1 - 1) & (ak < r2 - 1)
+    ntri = torch.from_numpy(tri_count_np).to(device)[cases] * inner
     num_faces = int(ntri.sum())
     if num_faces == 0:
         return empty
     cube_of_tri = torch.repeat_interleave(ntri, output_size=num_faces)  # [F] index into active
     first = torch.cumsum(ntri, 0) - ntri
     local = torch.arange(num_faces, device=device) - first[cube_of_tri]
-    del first, ntri
-    edges = tri_edges[cases[cube_of_tri], local]  # [F, 3] edge ids
+    del first, ntri, inner
+    edges = torch.from_numpy(tri_edges_np).to(device)[cases[cube_of_tri], local]  # [F, 3] edge ids
     del local
-    cube = active[cube_of_tri]
+    # the lower sample of each corner's edge is an active cube's lowest sample: its rank by search
+    owner = torch.searchsorted(active, active[cube_of_tri][:, None] + edge_offset[edges])  # [F, 3]
     del cube_of_tri
-    ci = torch.div(cube, c1 * c2, rounding_mode="floor")
-    cj = torch.div(cube, c2, rounding_mode="floor") % c1
-    ck = cube % c2
-    sample = (ci * r1 + cj) * r2 + ck  # [F] lowest sample of the triangle's cube
-    del cube, ci, cj, ck
-    p = sample[:, None] + edge_offset[edges]  # [F, 3] lower sample of each corner's edge
-    faces = base[p].long() + rank_lut[bits[p].long(), edge_axis[edges]]
-    del p, edges, sample
+    faces = base[owner] + rank_lut[cube_bits[owner], edge_axis[edges]]
+    del owner, edges
 
     # 4. vertices: scikit-image's interpolation along each crossed edge, in float64
-    owners = torch.nonzero(bits).squeeze(1)  # samples with a crossed forward edge, C order
-    owner_bits = bits[owners]
+    flat = grid.view(-1)
     coords = torch.empty((num_vertices, 3), dtype=torch.float32, device=device)
     for a in range(3):
-        on = ((owner_bits >> a) & 1).bool()
-        s = owners[on]
-        ids = base[s].long() + rank_lut[owner_bits[on].long(), a]
-        lo = grid.view(-1)[s].double() - threshold
-        hi = grid.view(-1)[s + int(strides[a])].double() - threshold
+        on = torch.nonzero((cube_bits >> a) & 1).squeeze(1)
+        s = active[on]
+        lo = flat[s].double() - threshold
+        hi = flat[s + int(strides[a])].double() - threshold
         w_lo = 1.0 / (_SKIMAGE_EPS + lo.abs())
         w_hi = 1.0 / (_SKIMAGE_EPS + hi.abs())
-        index = torch.stack(
-            [
-                torch.div(s, r1 * r2, rounding_mode="floor"),
-                torch.div(s, r2, rounding_mode="floor") % r1,
-                s % r2,
-            ],
-            dim=1,
-        ).double()
+        index = torch.stack([ai[on], aj[on], ak[on]], dim=1).double()
         index[:, a] += w_hi / (w_lo + w_hi)
-        coords[ids] = index.float()
-    del base, bits, owners, owner_bits
+        coords[base[on] + rank_lut[cube_bits[on], a]] = index.float()
+    del base, cube_bits, active, ai, aj, ak
 
     spacing_t = torch.from_numpy(spacing_np).to(device)
     origin_t = torch.from_numpy(origin_np).to(device)
