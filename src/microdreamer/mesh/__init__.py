@@ -62,8 +62,11 @@ class MeshConfig:
         backend: marching cubes and cleanup by ``"skimage"`` (scikit-image's Lewiner marching cubes
             and the NumPy/SciPy cleanup, on the CPU), ``"torch"`` (:func:`marching_cubes_torch` and
             :func:`cleanup_mesh_torch` on the grid's device: scikit-image's Lorensen triangulation,
-            the same cleanup) or ``"auto"``: torch when the grid is a CUDA tensor, else skimage (on
-            the CPU the torch path is several times slower; benchmarks/bench_marching.py).
+            the same cleanup) or ``"auto"``: torch when the grid is a CUDA tensor, else skimage. On
+            a 2-core CPU the torch path measured 0.94x to 1.39x scikit-image's speed with two idle
+            threads (128^3 to 512^3), 0.6x to 0.8x with one, far less on a loaded machine
+            (benchmarks/results/marching_cpu*.json), so the CPU keeps scikit-image (Lewiner's
+            topologically resolved triangulation, unchanged CPU meshes).
     """
 
     threshold: float = 1.0

@@ -254,7 +254,7 @@ def marching_cubes_torch(
     # high side, so that every sample is the lowest corner of a cube (the extension's cubes hold the
     # grid's last edges; edges into the copy never cross)
     ext = grid.new_empty((r0 + 1, r1 + 1, r2 + 1), dtype=torch.uint8)
-    torch.gt(grid, _side_threshold(threshold), out=ext[:r0, :r1, :r2])
+    ext[:r0, :r1, :r2] = grid > _side_threshold(threshold)
     ext[r0, :r1, :r2] = ext[r0 - 1, :r1, :r2]
     ext[:, r1, :r2] = ext[:, r1 - 1, :r2]
     ext[:, :, r2] = ext[:, :, r2 - 1]
