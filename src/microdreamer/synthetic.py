@@ -229,3 +229,33 @@ def cube_side_of_vertices(mesh: Mesh) -> np.ndarray:
     side = np.zeros(mesh.num_vertices, np.int64)
     side[mesh.faces] = side_f[:, None]
     return side
+
+
+def blobby_field(
+    r: int, seed: int = 0, device: torch.device | str = "cpu", floaters: int = 24
+) -> torch.Tensor:
+    """[R, R, R] float32 on ``device``, an object like a splat's density field at iso-level 1 on the
+    grid [-1, 1]^3: a lumpy ball of radius ~0.55 (low-frequency noise on its radius; ~16 R^2 faces)
+    with ``floaters`` small balls (1.5 to 4 voxels) around it, values falling off as 1 + 8 x (signed
+    distance). Built on ``device`` (a few passes over R^3; no R^3 coordinate grids)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.linspace(-1.0, 1.0, r, device=device)
+    radius = torch.sqrt(x[:, None, None] ** 2 + x[None, :, None] ** 2 + x[None, None, :] ** 2)
+    noise = torch.randn((1, 1, 6, 6, 6), generator=g).to(device)
+    lumps = torch.nn.functional.interpolate(noise, size=(r, r, r), mode="trilinear", align_corners=True)[0, 0]
+    values = 1.0 + 8.0 * (0.55 + 0.05 * lumps - radius)
+    del radius, lumps
+    h = 2.0 / (r - 1)
+    for _ in range(floaters):
+        d = torch.randn(3, generator=g)
+        centre = d / d.norm() * (0.7 + 0.2 * torch.rand(1, generator=g))
+        rb = h * (1.5 + 2.5 * float(torch.rand(1, generator=g)))
+        lo = [max(0, int((float(c) - 2 * rb + 1) / h)) for c in centre]
+        hi = [min(r, int((float(c) + 2 * rb + 1) / h) + 2) for c in centre]
+        box = [x[lo[a] : hi[a]] - float(centre[a]) for a in range(3)]
+        dist = torch.sqrt(
+            box[0][:, None, None] ** 2 + box[1][None, :, None] ** 2 + box[2][None, None, :] ** 2
+        )
+        sub = values[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
+        torch.maximum(sub, 1.0 + 8.0 * (rb - dist), out=sub)
+    return values.float().contiguous()
