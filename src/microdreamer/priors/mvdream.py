@@ -944,15 +944,17 @@ class MVDreamPrior(Prior):
         if C % self.frames:
             raise ValueError(f"{self.kind} refines groups of {self.frames} views; got {C} views")
         out_size = images.shape[-2:] if images is not None else (self.image_size, self.image_size)
-        t1, t2 = self.ddim.plan(t_stop, self.config.inversion_ratio)
-        if t2 is None:  # t_stop below the first grid timestep: nothing to refine
-            return images.float().clamp(0, 1)
+        if images is None:  # nothing rendered yet: pure noise from the top of the grid, whatever t_stop
+            t1, t2 = None, self.ddim.timesteps[0]
+        else:
+            t1, t2 = self.ddim.plan(t_stop, self.config.inversion_ratio)
+            if t2 is None:  # t_stop below the first grid timestep: nothing to refine
+                return images.float().clamp(0, 1)
         self._contexts()  # fail early without a prompt
         camera = self.camera(views)
         h = w = self.image_size // self.vae_factor
-        if images is None or t1 is None:
+        if t1 is None:
             x = torch.randn(C, 4, h, w, generator=generator, device=self.device, dtype=torch.float32)
-            t2 = self.ddim.timesteps[0] if images is None else t2
         else:
             x = self.ddim.add_noise(self.encode(images), t1, generator)
             x = self.ddim.invert(x, t1, t2, self._eps_unconditional(camera))
