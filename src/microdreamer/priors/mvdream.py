@@ -47,7 +47,7 @@ from microdreamer.cameras import look_at_opengl, orbit_positions
 from microdreamer.errors import InputError
 from microdreamer.priors.base import OrbitViews, Prior, Reference, even_orbit_views
 from microdreamer.priors.ddim import DDIMConfig, DDIMRoundTrip
-from microdreamer.priors.fused import geglu, geglu_reference, group_norm, group_norm_reference
+from microdreamer.priors.fused import fuse_ops, geglu, geglu_reference, group_norm, group_norm_reference
 from microdreamer.priors.zero123 import LatentCodec, _GraphedCall, resolve_dtype, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -828,8 +828,6 @@ class MVDreamPrior(Prior):
         self.nets.unet.to(memory_format=fmt(self.config.channels_last))
         self.nets.vae.to(memory_format=fmt(self.config.vae_channels_last))
         self.nets.unet.set_fused(self.config.fused_group_norm and on_cuda)
-        from microdreamer.priors.fused import fuse_ops
-
         fuse_ops(self.nets.vae, self.config.fused_group_norm and on_cuda)
         graphs = self.config.cuda_graphs and on_cuda
         self.unet = _UNetRunner(self.nets.unet, self._unet_frames, graphs)
