@@ -83,14 +83,26 @@ def _looks_like_repo_id(model: str) -> bool:
     return len(parts) == 2 and all(parts) and not model.startswith((".", "~")) and "\\" not in model
 
 
-def resolve_model_path(model: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+def resolve_model_path(
+    model: str | os.PathLike,
+    cache_dir: str | os.PathLike | None = None,
+    subfolders: tuple[str, ...] = SUBFOLDERS,
+    kind: str = "Zero123",
+) -> Path:
     """The diffusers-format folder of ``model`` (a folder, or a repo id in the local HF cache).
+
+    Args:
+        model: a folder, or a Hugging Face repo id looked up offline.
+        cache_dir: the Hugging Face cache (None: the default one).
+        subfolders: the components the folder must hold (Zero123's by default).
+        kind: the model's name in messages.
 
     Raises:
         InputError: (one line) the model is neither, or the folder lacks a component.
     """
     text = str(model)
     path = Path(text).expanduser()
+    parts = ", ".join(s + "/" for s in subfolders)
     if not path.exists() and _looks_like_repo_id(text):
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
@@ -102,18 +114,18 @@ def resolve_model_path(model: str | os.PathLike, cache_dir: str | os.PathLike | 
             raise InputError(
                 f"--model {text}: not in the local Hugging Face cache ({cache}) and nothing is downloaded "
                 f"here; run `hf download {text}` on a machine with network and copy the cache there, "
-                f"or pass --model PATH to a diffusers-format folder ({', '.join(SUBFOLDERS)})"
+                f"or pass --model PATH to a diffusers-format {kind} folder ({parts})"
             ) from None
     if not path.is_dir():
         raise InputError(
-            f"--model {text}: no such folder; pass a diffusers-format Zero123 folder "
-            f"({', '.join(SUBFOLDERS)}) or a repo id in the local Hugging Face cache ({hf_cache_dir(cache_dir)})"
+            f"--model {text}: no such folder; pass a diffusers-format {kind} folder "
+            f"({parts}) or a repo id in the local Hugging Face cache ({hf_cache_dir(cache_dir)})"
         )
-    missing = [s for s in SUBFOLDERS if not (path / s).is_dir()]
+    missing = [s for s in subfolders if not (path / s).is_dir()]
     if missing:
         raise InputError(
-            f"--model {text}: the folder {path} lacks {', '.join(m + '/' for m in missing)}; a Zero123 model "
-            f"folder holds {', '.join(s + '/' for s in SUBFOLDERS)} (diffusers format)"
+            f"--model {text}: the folder {path} lacks {', '.join(m + '/' for m in missing)}; a {kind} model "
+            f"folder holds {parts} (diffusers format)"
         )
     return path
 
@@ -334,6 +346,53 @@ class _GraphedCall:
         return graph, static_in, static_out
 
 
+# ------------------------------------------------------------------------------------------------ VAE
+class LatentCodec:
+    """Images <-> scaled latents through a diffusers ``AutoencoderKL`` (eagerly or from CUDA graphs,
+    :class:`_GraphedCall`), at a fixed image side; shared by the priors.
+
+    Args:
+        vae: the autoencoder (on its device, in ``dtype``).
+        dtype: the precision the VAE runs in.
+        image_size: S, the side the VAE sees; other sizes are resized on the way in.
+        use_graphs: replay the encoder and the decoder from CUDA graphs (CUDA inputs only).
+    """
+
+    def __init__(self, vae: torch.nn.Module, dtype: torch.dtype, image_size: int, use_graphs: bool) -> None:
+        self.vae = vae
+        self.dtype = dtype
+        self.image_size = image_size
+        self.scale = float(vae.config.scaling_factor)
+        self.factor = 2 ** (len(vae.config.block_out_channels) - 1)
+        self.encode_call = _GraphedCall(lambda x: vae.encode(x).latent_dist.mode(), use_graphs, "VAE encoder")
+        self.decode_call = _GraphedCall(lambda z: vae.decode(z).sample, use_graphs, "VAE decoder")
+        device = next(vae.parameters()).device
+        self.nonfinite = torch.zeros((), dtype=torch.long, device=device)  # non-finite decoded values
+
+    def resize(self, images: torch.Tensor) -> torch.Tensor:
+        """[C, 3, H, W] -> [C, 3, S, S] (bilinear, antialiased), unchanged when already S x S."""
+        s = self.image_size
+        if images.shape[-2:] == (s, s):
+            return images
+        return torch.nn.functional.interpolate(
+            images, (s, s), mode="bilinear", align_corners=False, antialias=True
+        )
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """[C, 3, H, W] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents (the posterior's mode)."""
+        device = self.nonfinite.device
+        x = self.resize(images.to(device, torch.float32)).to(self.dtype) * 2 - 1
+        return self.encode_call(x).float() * self.scale
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """[C, 4, h, w] scaled latents -> [C, 3, S, S] float32 images in [0, 1]; non-finite values
+        become white and are counted in ``nonfinite`` (read by the priors' stats, one sync)."""
+        x = self.decode_call((latents / self.scale).to(self.dtype)).float()
+        bad = ~torch.isfinite(x)
+        self.nonfinite = self.nonfinite + bad.sum()
+        return (torch.where(bad, torch.ones_like(x), x) / 2 + 0.5).clamp(0, 1)
+
+
 class _UNetRunner:
     """Calls the UNet (eagerly or from CUDA graphs, :class:`_GraphedCall`) and counts its calls."""
 
@@ -390,8 +449,6 @@ class Zero123Prior(Prior):
         self.image_size = self.config.image_size
         self.kind = self._camera_kind()
         self.ddim = DDIMRoundTrip(self.config.ddim)
-        self.latent_scale = float(self.nets.vae.config.scaling_factor)
-        self.vae_factor = 2 ** (len(self.nets.vae.config.block_out_channels) - 1)
         on_cuda = self.device.type == "cuda"
 
         # set both ways: several priors may share one set of networks (benchmark variants)
@@ -405,13 +462,12 @@ class Zero123Prior(Prior):
             fuse_ops(net, self.config.fused_group_norm and on_cuda)
         graphs = self.config.cuda_graphs and on_cuda
         self.unet = _UNetRunner(self.nets.unet, graphs)
-        vae = self.nets.vae
-        self._vae_encode = _GraphedCall(lambda x: vae.encode(x).latent_dist.mode(), graphs, "VAE encoder")
-        self._vae_decode = _GraphedCall(lambda z: vae.decode(z).sample, graphs, "VAE decoder")
+        self.codec = LatentCodec(self.nets.vae, self.dtype, self.image_size, graphs)
+        self.latent_scale = self.codec.scale
+        self.vae_factor = self.codec.factor
         self.clip_embedding: torch.Tensor | None = None  # [1, 1, D]
         self.reference_latent: torch.Tensor | None = None  # [1, 4, h, w]
         self.reference: Reference | None = None
-        self._nonfinite = torch.zeros((), dtype=torch.long, device=self.device)  # non-finite decoded values
 
     @classmethod
     def from_pretrained(cls, config: Zero123Config | None = None, device="cpu") -> Zero123Prior:
@@ -467,28 +523,19 @@ class Zero123Prior(Prior):
 
     # ------------------------------------------------------------------ latents
     def _resize(self, images: torch.Tensor) -> torch.Tensor:
-        s = self.image_size
-        if images.shape[-2:] == (s, s):
-            return images
-        return torch.nn.functional.interpolate(
-            images, (s, s), mode="bilinear", align_corners=False, antialias=True
-        )
+        return self.codec.resize(images)
 
     @_with_cudnn_flags
     @torch.no_grad()
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """[C, 3, S, S] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents (the posterior's mode)."""
-        x = self._resize(images.to(self.device, torch.float32)).to(self.dtype) * 2 - 1
-        return self._vae_encode(x).float() * self.latent_scale
+        return self.codec.encode(images)
 
     @_with_cudnn_flags
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """[C, 4, h, w] scaled latents -> [C, 3, S, S] float32 images in [0, 1]."""
-        x = self._vae_decode((latents / self.latent_scale).to(self.dtype)).float()
-        bad = ~torch.isfinite(x)
-        self._nonfinite = self._nonfinite + bad.sum()  # read (one sync) only by stats()
-        return (torch.where(bad, torch.ones_like(x), x) / 2 + 0.5).clamp(0, 1)
+        return self.codec.decode(latents)
 
     # ------------------------------------------------------------------ noise predictions
     def _eps_guided(self, context: torch.Tensor):
@@ -559,12 +606,12 @@ class Zero123Prior(Prior):
         self.decode(self.encode(torch.rand(C, 3, s, s, device=self.device)))
         torch.cuda.synchronize(self.device)
         self.unet.calls = self.unet.samples = 0
-        self._nonfinite.zero_()
+        self.codec.nonfinite.zero_()
 
     def stats(self) -> dict:
         """UNet calls and samples since the warm-up, captured graphs, and non-finite decoded values
         (replaced by white; nonzero means the model or its precision misbehaves)."""
-        bad = int(self._nonfinite)
+        bad = int(self.codec.nonfinite)
         if bad:
             logger.warning("Zero123 decoded %d non-finite values (replaced by white)", bad)
         return {
