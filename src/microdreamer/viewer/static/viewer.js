@@ -429,7 +429,10 @@
     const views = manifest.groups.flatMap((g) => buildGroup(g, parent));
     publish();
     const loop = () => {
-      for (const v of views) v.draw();
+      for (const v of views) {
+        v.draw();
+        v.record.idle = v.settled() && !v.dirty; // loaded, and nothing left to draw
+      }
       if (stats.state === "loading" && views.every((v) => v.settled())) {
         stats.state = "ready";
       }
