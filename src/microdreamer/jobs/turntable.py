@@ -64,7 +64,7 @@ def load_renderable(path: str | os.PathLike):
     return load_textured_mesh(path)
 
 
-def _splat_framing(splat) -> tuple[torch.Tensor, float]:
+def splat_framing(splat) -> tuple[torch.Tensor, float]:
     """Centre and radius of a splat: robust to floaters (0.5% / 99.5% quantiles of the visible centres)."""
     with torch.no_grad():
         opac = splat.opacities().float()
@@ -114,7 +114,7 @@ def turntable_frames(
     device = torch.device(device)
     if isinstance(source, Splat):
         splat = source.to(device)
-        center, radius = _splat_framing(splat)
+        center, radius = splat_framing(splat)
         mesh = None
     else:
         mesh = source
