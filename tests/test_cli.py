@@ -311,3 +311,51 @@ def test_flag_values_checked_by_their_config_field(tmp_path, capsys, argv, messa
     assert main(["mesh", str(tmp_path / "none.ply"), "-o", str(tmp_path / "out.glb"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {message}" and list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# profile reports and the viewer from the command line
+
+
+def test_mesh_profile_writes_the_report(tmp_path, capsys):
+    import json
+
+    write_ply(make_synthetic_object(400, seed=4), tmp_path / "s.ply")
+    out = tmp_path / "m.glb"
+    assert main(["mesh", str(tmp_path / "s.ply"), "-o", str(out), "--resolution", "24", "--texture", "none",
+                 "--threshold", "0.2", "--profile", "--device", "cpu"]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "m.profile.json").read_text())
+    assert {"start-up", "read", "field", "mesh", "export"} <= set(report["seconds"])
+    total = report["total"]
+    assert abs(total - sum(report["seconds"].values())) < 1e-9
+    field = report["amdahl"]["field"]
+    assert abs(field["speedup"] - total / (total - report["seconds"]["field"])) < 1e-9
+    assert (tmp_path / "m.profile.png").stat().st_size > 1000 and "profile:" in capsys.readouterr().out
+
+
+def test_profile_scaling_runs_each_resolution(tmp_path):
+    import json
+
+    write_ply(make_synthetic_object(400, seed=4), tmp_path / "s.ply")
+    assert main(["profile", "scaling", str(tmp_path / "s.ply"), "-o", str(tmp_path / "p"), "--resolutions",
+                 "16,24", "--texture", "none", "--device", "cpu", "--config", str(_iso_preset(tmp_path))]) == 0  # fmt: skip
+    rows = json.loads((tmp_path / "p" / "scaling.json").read_text())["rows"]
+    assert [r["resolution"] for r in rows] == [16, 24] and all(r["seconds"]["field"] > 0 for r in rows)
+    assert (tmp_path / "p" / "scaling.png").exists()
+
+
+def test_profile_scaling_bad_resolutions(tmp_path, capsys):
+    assert main(["profile", "scaling", str(tmp_path / "s.ply"), "--resolutions", "big"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: --resolutions big:")
+
+
+def test_view_builds_a_folder(tmp_path, capsys):
+    write_ply(make_synthetic_object(300, seed=5), tmp_path / "s.ply")
+    assert main(["view", str(tmp_path / "s.ply"), "-o", str(tmp_path / "v")]) == 0
+    assert (tmp_path / "v" / "index.html").exists() and "viewer:" in capsys.readouterr().out
+
+
+def _iso_preset(tmp_path):
+    p = tmp_path / "iso.yaml"
+    p.write_text("mesh:\n  threshold: 0.2\n")
+    return p

@@ -23,6 +23,9 @@ from microdreamer import __version__, config
 from microdreamer.errors import ConfigError, InputError
 
 DEVICE_HELP = "where to compute: auto (CUDA when available), cpu or cuda"
+_STARTED = (
+    time.perf_counter()
+)  # this module's import: what a command pays before its job starts is timed from here
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,8 @@ class Command:
 
     name: str
     help: str
-    job: type
-    positionals: tuple[tuple[str, str, str], ...]  # (dest, metavar, help)
+    job: type | None  # None: the command has no job config (view, profile)
+    positionals: tuple[tuple, ...]  # (dest, metavar, help[, nargs])
     output: tuple[str, bool, str]  # (metavar, required, help); default when not required: see defaults
     flags: tuple[Flag, ...]
     preset: bool = True  # --config YAML
@@ -126,6 +129,35 @@ COMMANDS = (
         (Flag("--frames", "frames"), Flag("--size", "size"), Flag("--elevation", "elevation_deg")),
         preset=False,
     ),
+    Command(
+        "view",
+        "a self-contained web viewer of meshes, splats and output folders (works offline)",
+        None,
+        (
+            (
+                "paths",
+                "PATH...",
+                "meshes (.glb, .obj), splats (.ply) or output folders of mesh/reconstruct/generate",
+                "+",
+            ),
+        ),
+        ("DIR", False, "viewer folder (default: PATH_viewer beside the first input)"),
+        (),
+        preset=False,
+        device=False,
+    ),
+    Command(
+        "profile",
+        "Gustafson's view: field, mesh and texture seconds of one splat against the grid resolution",
+        config.ExportConfig,
+        (
+            ("what", "scaling", "what to profile: scaling (stage seconds against the grid resolution)"),
+            ("splat", "SPLAT.ply", "input splat, INRIA 3DGS PLY layout"),
+        ),
+        ("DIR", False, "output folder: scaling.json, scaling.png"),
+        (Flag("--texture", "texture.mode"),),
+        output_default="out/profile",
+    ),
 )
 #: arguments that set no config field: (command, flag) -> (argparse keywords, synopsis placeholder)
 EXTRA = {
@@ -135,6 +167,19 @@ EXTRA = {
     ("generate", "--random-weights"): ({"choices": list(config.RANDOM_WEIGHTS), "default": None,
                                         "help": "use a randomly initialised model (timing and plumbing "
                                                 "only: the output is noise)"}, "tiny|full"),
+    ("mesh", "--profile"): ({"action": "store_true", "help": "also write OUT.profile.json and OUT.profile.png: "
+                             "seconds per stage and each stage's Amdahl bound"}, None),
+    ("reconstruct", "--profile"): ({"action": "store_true", "help": "also write profile.json and profile.png "
+                                    "(seconds per stage, Amdahl bounds) into OUT/"}, None),
+    ("generate", "--profile"): ({"action": "store_true", "help": "also write profile.json and profile.png "
+                                 "(seconds per stage, Amdahl bounds) into OUT/"}, None),
+    ("view", "--serve"): ({"action": "store_true", "help": "serve the folder on 127.0.0.1 and print its address "
+                           "(Ctrl-C stops)"}, None),
+    ("view", "--port"): ({"type": int, "default": 0, "metavar": "N", "help": "the server's port (default 0: a "
+                          "free one)"}, "N"),
+    ("profile", "--resolutions"): ({"default": "128,256,384,512,768,1024", "metavar": "R,R,...",
+                                    "help": "grid resolutions, as memory allows (default 128,256,384,512,768,1024)"},
+                                   "R,R,..."),
 }  # fmt: skip
 BY_NAME = {c.name: c for c in COMMANDS}
 
@@ -180,14 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in COMMANDS:
         sp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        for dest, metavar, text in cmd.positionals:
-            sp.add_argument(dest, metavar=metavar, help=text)
+        for dest, metavar, text, *nargs in cmd.positionals:
+            sp.add_argument(dest, metavar=metavar, help=text, **({"nargs": nargs[0]} if nargs else {}))
         metavar, required, text = cmd.output
         if required:
             sp.add_argument("-o", "--output", required=True, metavar=metavar, help=text)
         else:
-            sp.add_argument("-o", "--output", default=cmd.output_default, metavar=metavar,
-                            help=f"{text} (default {cmd.output_default})")  # fmt: skip
+            default = f" (default {cmd.output_default})" if cmd.output_default else ""
+            sp.add_argument(
+                "-o", "--output", default=cmd.output_default, metavar=metavar, help=text + default
+            )
         for flag in cmd.flags:
             sp.add_argument(flag.name, **_flag_spec(cmd, flag))
         for (name, option), (spec, _) in EXTRA.items():
@@ -206,9 +253,9 @@ def synopsis(width: int = 110) -> str:
     """Every command's usage line, as the README's command-line section shows it."""
     lines = []
     for cmd in COMMANDS:
-        parts = [meta for _, meta, _ in cmd.positionals]
+        parts = [meta for _, meta, *_ in cmd.positionals]
         metavar, required, _ = cmd.output
-        parts.append(f"-o {metavar}" if required else f"[-o {cmd.output_default}]")
+        parts.append(f"-o {metavar}" if required else f"[-o {cmd.output_default or metavar}]")
         for flag in cmd.flags:
             spec = _flag_spec(cmd, flag)
             value = (
@@ -240,6 +287,8 @@ def job_config(args: argparse.Namespace):
         InputError: a bad preset, or a flag whose value breaks its field's rule (named by the flag).
     """
     cmd: Command = args.command_spec
+    if cmd.job is None:
+        return None
     cfg = config.load_preset(cmd.job, args.config) if cmd.preset and args.config else cmd.job()
     for flag in cmd.flags:
         value = getattr(args, flag.path.replace(".", "__"))
@@ -300,9 +349,10 @@ def cmd_mesh(args: argparse.Namespace) -> None:
     from microdreamer.splat import read_ply
 
     device = resolve_device(args.device)
-    t = time.perf_counter()
+    started = t = time.perf_counter()
     splat = read_ply(args.splat)
-    logging.getLogger(__name__).info("read %s in %.3f s", args.splat, time.perf_counter() - t)
+    read_s = time.perf_counter() - t
+    logging.getLogger(__name__).info("read %s in %.3f s", args.splat, read_s)
     timer = StageTimer()
     update, close = _progress_bar("density field")
     try:
@@ -318,6 +368,9 @@ def cmd_mesh(args: argparse.Namespace) -> None:
     tex = f", {cfg.texture.mode} texture {cfg.texture.size}^2" if mesh.has_texture else ""
     print(f"mesh: {mesh.num_vertices} vertices, {mesh.num_faces} faces{tex} -> {out}")
     print(_seconds(timer.seconds))
+    if args.profile:
+        _write_profile({"start-up": started - _STARTED, "read": read_s, **timer.seconds}, out.parent,
+                       f"microdreamer mesh {Path(args.splat).name}", name=f"{out.stem}.profile")  # fmt: skip
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -366,6 +419,9 @@ def cmd_reconstruct(args: argparse.Namespace) -> None:
         print(f"held-out views: PSNR {psnr:.2f} dB, SSIM {metrics.get('ssim'):.4f}")
     print(_seconds(metrics.get("seconds", {}), 2))
     files = ["splat.ply", "metrics.json"] + (["mesh.glb"] if cfg.mesh else [])
+    if args.profile:
+        _write_profile(metrics.get("seconds", {}), out, f"microdreamer reconstruct {Path(args.data).name}")
+        files += ["profile.json", "profile.png"]
     print("wrote " + ", ".join(str(out / f) for f in files))
 
 
@@ -387,7 +443,12 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(f"Gaussians: {report.get('num_gaussians')}, mesh: {report.get('mesh_vertices')} vertices, "
           f"{report.get('mesh_faces')} faces")  # fmt: skip
     out = Path(args.output)
-    print("wrote " + ", ".join(str(out / f) for f in ("splat.ply", "mesh.glb", "views.png", "timings.json")))
+    files = ["splat.ply", "mesh.glb", "views.png", "timings.json"]
+    if args.profile:
+        _write_profile(report.get("seconds", {}), out, f"microdreamer generate {Path(args.image).name}",
+                       extra={"device": report.get("device"), "random_weights": report.get("random_weights")})  # fmt: skip
+        files += ["profile.json", "profile.png"]
+    print("wrote " + ", ".join(str(out / f) for f in files))
 
 
 def cmd_render(args: argparse.Namespace) -> None:
@@ -401,6 +462,92 @@ def cmd_render(args: argparse.Namespace) -> None:
     print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")
 
 
+def _write_profile(
+    seconds: dict, folder: Path, title: str, extra: dict | None = None, name: str = "profile"
+) -> None:
+    from microdreamer.profiling import write_profile
+
+    seconds = {k: float(v) for k, v in seconds.items() if v > 0}
+    json_path, png_path = write_profile(seconds, folder, title, extra, name=name)
+    total = sum(seconds.values())
+    top = max(seconds, key=seconds.get)
+    print(f"profile: {total:.2f} s in {len(seconds)} stages, the largest {top} ({100 * seconds[top] / total:.0f}%) "
+          f"-> {png_path}")  # fmt: skip
+
+
+def cmd_view(args: argparse.Namespace) -> None:
+    from microdreamer.viewer import build_viewer, serve
+
+    first = Path(args.paths[0])
+    out = Path(args.output) if args.output else first.parent / f"{first.stem or first.name}_viewer"
+    index = build_viewer([Path(p) for p in args.paths], out)
+    print(f"viewer: {index}")
+    if not args.serve:
+        print(f"open it in a browser, or serve it: microdreamer view {' '.join(args.paths)} -o {out} --serve")
+        return
+    url, server = serve(out, port=args.port)
+    print(f"serving {out} at {url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    import dataclasses as dc
+    import json
+    import tempfile
+
+    if args.what != "scaling":
+        raise InputError(f"profile {args.what}: unknown; use scaling")
+    try:
+        resolutions = sorted({int(r) for r in args.resolutions.split(",") if r.strip()})
+    except ValueError:
+        raise InputError(f"--resolutions {args.resolutions}: give grid sizes like 128,256,512") from None
+    if not resolutions or resolutions[0] < 2:
+        raise InputError(f"--resolutions {args.resolutions}: give grid sizes of at least 2")
+    cfg = job_config(args)
+    import torch
+
+    from microdreamer.io_utils import atomic_path
+    from microdreamer.jobs import resolve_device
+    from microdreamer.jobs.export import export_mesh
+    from microdreamer.profiling import StageTimer, plot_scaling
+    from microdreamer.splat import read_ply
+
+    device = resolve_device(args.device)
+    splat = read_ply(args.splat).to(device)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in resolutions:
+            try:
+                run = dc.replace(cfg, field=dc.replace(cfg.field, resolution=r))
+            except InputError as e:
+                print(f"{r}^3: skipped ({e})")
+                continue
+            timer = StageTimer()
+            try:
+                export_mesh(
+                    splat, Path(tmp) / f"mesh_{r}.glb", run, device, timer=timer, name=str(args.splat)
+                )
+            except (torch.OutOfMemoryError, MemoryError):
+                print(f"{r}^3: out of memory on {device}; larger grids skipped")
+                break
+            rows.append({"resolution": r, "seconds": dict(timer.seconds)})
+            print(f"{r}^3: " + _seconds(timer.seconds))
+    if not rows:
+        raise InputError(f"{args.splat}: no grid resolution could be run; give smaller --resolutions")
+    png = plot_scaling(rows, out / "scaling.png", title=f"{Path(args.splat).name}: seconds against grid size")
+    with atomic_path(out / "scaling.json") as tmp:
+        tmp.write_text(json.dumps({"splat": str(args.splat), "device": str(device), "rows": rows}, indent=2))
+    print(f"wrote {out / 'scaling.json'}, {png}")
+
+
 RUNNERS = {
     "demo": cmd_demo,
     "mesh": cmd_mesh,
@@ -408,6 +555,8 @@ RUNNERS = {
     "reconstruct": cmd_reconstruct,
     "generate": cmd_generate,
     "render": cmd_render,
+    "view": cmd_view,
+    "profile": cmd_profile,
 }
 
 

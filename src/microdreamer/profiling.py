@@ -160,8 +160,10 @@ def write_profile(
     out_dir: str | Path,
     title: str = "where the time goes",
     extra: dict | None = None,
+    name: str = "profile",
 ) -> tuple[Path, Path]:
-    """Write ``profile.json`` and ``profile.png`` of one job's per-stage seconds into ``out_dir``.
+    """Write ``{name}.json`` and ``{name}.png`` (``profile.json``, ``profile.png``) of one job's per-stage
+    seconds into ``out_dir``.
 
     ``profile.json``: ``{"title", "seconds": {stage: s}, "total", "amdahl": {stage: {"seconds",
     "share", "total_without", "speedup"}}, "extra": extra}`` (see :func:`amdahl_bounds`; a speed-up
@@ -181,7 +183,7 @@ def write_profile(
     bounds = amdahl_bounds(seconds)
     report = {"title": title, "seconds": seconds, "total": sum(seconds.values()), "amdahl": bounds,
               "extra": extra or {}}  # fmt: skip
-    json_path, png_path = out_dir / "profile.json", out_dir / "profile.png"
+    json_path, png_path = out_dir / f"{name}.json", out_dir / f"{name}.png"
     with atomic_path(json_path) as tmp:
         tmp.write_text(json.dumps(report, indent=2))
     image = _profile_image(seconds, bounds, title)
