@@ -77,7 +77,8 @@ def splat_to_mesh(
     name: str = "splat",
 ) -> ConvertResult:
     """Density field on ``device`` (the fast CUDA kernel there, the tiled PyTorch path on the CPU),
-    then marching cubes, cleanup and optional decimation on the CPU (stages ``field`` and ``mesh``).
+    then marching cubes and cleanup on the field where it is (``mesh_config.backend``: on a GPU the
+    PyTorch path, on the CPU scikit-image's), and optional decimation (stages ``field`` and ``mesh``).
 
     Raises InputError when no Gaussian survives the opacity filter or the field never crosses the
     threshold (with the field's maximum, so the user can pick a threshold).
@@ -85,17 +86,18 @@ def splat_to_mesh(
     timer = timer or StageTimer()
     with timer.stage("field"):
         fld = density_field(splat, field_config, backend="auto", device=device, progress=progress)
-        values = fld.values.cpu()
+        values = fld.values  # stays on the device for marching cubes there
+        vmax = float(values.max()) if values.numel() else 0.0
     if fld.num_gaussians == 0:
         raise InputError(f"{name}: no Gaussian has opacity above {field_config.min_opacity}; nothing to mesh")
-    vmax = float(values.max())
     if vmax <= mesh_config.threshold:
         raise InputError(
             f"{name}: the density never reaches the iso-level {mesh_config.threshold:g} (its maximum is "
             f"{vmax:.3g}); use a lower threshold"
         )
     with timer.stage("mesh"):
-        mesh, stats = extract_mesh(values.numpy(), fld.grid.origin, fld.grid.spacing, mesh_config)
+        mesh, stats = extract_mesh(values if values.is_cuda else values.numpy(), fld.grid.origin,
+                                   fld.grid.spacing, mesh_config)  # fmt: skip
     return ConvertResult(
         mesh, len(splat), fld.num_gaussians, field_config.resolution, fld.backend, vmax, stats
     )
