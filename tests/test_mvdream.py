@@ -536,7 +536,7 @@ def test_presets_load_and_reproduce_upstreams_timestep_schedule(
     from microdreamer.sir import SIRConfig, t_stop_schedule
 
     data = yaml.safe_load((PRESETS / preset).read_text())
-    prior = from_dict(prior_cls, data["prior"], preset)
+    prior = from_dict(prior_cls, data["imagedream" if prior_cls is ImageDreamConfig else "mvdream"], preset)
     sir = from_dict(SIRConfig, data["sir"], preset)
     assert prior.ddim.num_inference_steps == n and sir.iterations == total and sir.views == views
     assert sir.elevation_range == elevations and sir.radius == 2.5 and sir.image_size == 256

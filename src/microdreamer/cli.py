@@ -109,12 +109,21 @@ COMMANDS = (
     ),
     Command(
         "generate",
-        "image-to-3D: MicroDreamer's SIR with a Zero123 prior",
+        "image-to-3D (Zero123), text-to-3D (--prompt, MVDream) or image+text-to-3D (both, ImageDream) with "
+        "MicroDreamer's SIR",
         config.GenerateConfig,
-        (("image", "IMAGE", "input image: RGBA (its alpha is the mask) or RGB (background removed)"),),
+        (
+            (
+                "image",
+                "[IMAGE]",
+                "input image: RGBA (its alpha is the mask) or RGB (background removed); leave it "
+                "out for text-to-3D",
+                "?",
+            ),
+        ),
         ("OUT/", True, "output folder: splat.ply, mesh.glb, views.png, timings.json"),
         (
-            Flag("--model", "prior.model", "PATH|REPO_ID"),
+            Flag("--negative-prompt", "negative_prompt", "TEXT"),
             Flag("--iters", "sir.iterations"),
             Flag("--seed", "sir.seed"),
             Flag("--elevation", "elevation_deg"),
@@ -164,6 +173,12 @@ EXTRA = {
     ("render-views", "--texture"): ({"default": None, "metavar": "PNG",
                                      "help": "texture image for an OBJ without an MTL"}, "PNG"),
     ("reconstruct", "--no-mesh"): ({"action": "store_true", "help": "skip the mesh export"}, None),
+    ("generate", "--prompt"): ({"default": None, "metavar": "TEXT", "help": "the object to make: text-to-3D "
+                                "without an image (MVDream), image+text-to-3D with one (ImageDream)"}, "TEXT"),
+    ("generate", "--model"): ({"default": None, "metavar": "PATH|REPO_ID", "help": "a diffusers-format folder or a "
+                               "repo id in the local Hugging Face cache (default: the mode's, "
+                               f"{config.DEFAULT_ZERO123}, {config.DEFAULT_MVDREAM} or {config.DEFAULT_IMAGEDREAM})"},
+                              "PATH|REPO_ID"),
     ("generate", "--random-weights"): ({"choices": list(config.RANDOM_WEIGHTS), "default": None,
                                         "help": "use a randomly initialised model (timing and plumbing "
                                                 "only: the output is noise)"}, "tiny|full"),
@@ -280,8 +295,9 @@ def synopsis(width: int = 110) -> str:
     return "\n".join(lines)
 
 
-def job_config(args: argparse.Namespace):
-    """The command's job config: its preset (``--config``) or defaults, then the flags the user gave.
+def job_config(args: argparse.Namespace, base=None):
+    """The command's job config: its preset (``--config``) or ``base`` (default: the job config's defaults),
+    then the flags the user gave.
 
     Raises:
         InputError: a bad preset, or a flag whose value breaks its field's rule (named by the flag).
@@ -289,7 +305,10 @@ def job_config(args: argparse.Namespace):
     cmd: Command = args.command_spec
     if cmd.job is None:
         return None
-    cfg = config.load_preset(cmd.job, args.config) if cmd.preset and args.config else cmd.job()
+    if cmd.preset and args.config:
+        cfg = config.load_preset(cmd.job, args.config, base=base)
+    else:
+        cfg = base if base is not None else cmd.job()
     for flag in cmd.flags:
         value = getattr(args, flag.path.replace(".", "__"))
         if value is None:
@@ -426,16 +445,18 @@ def cmd_reconstruct(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    cfg = job_config(args)
-    from microdreamer.jobs.generate import generate
+    from microdreamer.jobs.generate import default_config, generate, generation_mode
+
+    mode = generation_mode(args.image, args.prompt)
+    cfg = job_config(args, base=default_config(mode))
 
     if args.random_weights:
         print(f"WARNING: --random-weights {args.random_weights}: the diffusion model has RANDOM weights; "
               "the output is noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip
     update, close = _progress_bar("SIR iterations")
     try:
-        report = generate(args.image, args.output, cfg, random_weights=args.random_weights, device=args.device,
-                          progress=update)  # fmt: skip
+        report = generate(args.image, args.output, cfg, model=args.model, random_weights=args.random_weights,
+                          device=args.device, progress=update, prompt=args.prompt)  # fmt: skip
     finally:
         close()
     stages = report.get("stages", {})

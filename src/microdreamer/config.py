@@ -702,6 +702,76 @@ class Zero123Config(Config):
         self.require("image_size", self.image_size >= 8, "must be at least 8 pixels")
 
 
+DEFAULT_MVDREAM = "ashawkey/mvdream-sd2.1-diffusers"
+DEFAULT_IMAGEDREAM = "ashawkey/imagedream-ipmv-diffusers"
+#: MicroDreamer's negative prompt of MVDream and ImageDream
+NEGATIVE_PROMPT = (
+    "ugly, bad anatomy, blurry, pixelated obscure, unnatural colors, poor lighting, dull, and unclear, "
+    "cropped, lowres, low quality, artifacts, duplicate, morbid, mutilated, poorly drawn face, deformed, "
+    "dehydrated, bad proportions"
+)
+
+
+def _ddim(steps: int):
+    return lambda: DDIMConfig(num_inference_steps=steps)
+
+
+@dataclass
+class MVDreamConfig(Config):
+    """The MVDream prior (:mod:`microdreamer.priors.mvdream`): which model, and the SIR sampling settings;
+    where each value comes from: ``benchmarks/README.md`` (MVDream and ImageDream).
+
+    Attributes:
+        model: a diffusers-format folder, or a Hugging Face repo id already in the local cache.
+        negative_prompt: the unconditional branch's text (MicroDreamer's list of defects).
+        guidance_scale: classifier-free guidance of the denoising steps (ours: 7.5, MVDream's sampling
+            scale; upstream's text config sets none).
+        eta: DDIM eta of the denoising steps (upstream's MVDream refinement: 0).
+        inversion_ratio: t1 = inversion_ratio * t2 (noise to t1, DDIM inversion t1 -> t2; upstream: 0.6).
+        frames: F, views per group (MVDream: 4); refine takes a multiple of F views.
+        image_size: the side of the images the model sees (256); other sizes are resized.
+        dtype: "auto" (float16 on CUDA, float32 on the CPU), "float16", "bfloat16" or "float32".
+        cuda_graphs: replay the UNet (one graph per batch) and the VAE from CUDA graphs; CUDA only.
+        channels_last: keep the UNet's activations in NHWC; CUDA only.
+        vae_channels_last: the same for the VAE; CUDA only.
+        fused_group_norm: the group norms (with their SiLU and the time-embedding add) and GEGLU gates on
+            the Triton kernels of :mod:`microdreamer.priors.fused`; CUDA (channels-last) only.
+        hf_cache_dir: the Hugging Face cache to look repo ids up in (None: the default one).
+        ddim: the DDIM schedule (upstream's text config: 50 steps).
+    """
+
+    model: str = DEFAULT_MVDREAM
+    negative_prompt: str = NEGATIVE_PROMPT
+    guidance_scale: float = 7.5
+    eta: float = 0.0
+    inversion_ratio: float = 0.6
+    frames: int = 4
+    image_size: int = 256
+    dtype: str = "auto"
+    cuda_graphs: bool = True
+    channels_last: bool = True
+    vae_channels_last: bool = True
+    fused_group_norm: bool = True
+    hf_cache_dir: str | None = None
+    ddim: DDIMConfig = dataclasses.field(default_factory=_ddim(50))
+
+    def validate(self) -> None:
+        self.choose("dtype", DTYPES)
+        self.require("inversion_ratio", 0.0 < self.inversion_ratio <= 1.0, "must be in (0, 1]")
+        self.require("frames", self.frames >= 1, "must be at least 1")
+        self.require("image_size", self.image_size >= 8, "must be at least 8 pixels")
+
+
+@dataclass
+class ImageDreamConfig(MVDreamConfig):
+    """The ImageDream prior (:mod:`microdreamer.priors.imagedream`); MicroDreamer's ``configs/imagedream.yaml``:
+    ``cfg`` 2.0, ``eta`` 0, ``inv_r`` 0.6, ``denoise_steps`` 10 (other fields as :class:`MVDreamConfig`)."""
+
+    model: str = DEFAULT_IMAGEDREAM
+    guidance_scale: float = 2.0
+    ddim: DDIMConfig = dataclasses.field(default_factory=_ddim(10))
+
+
 MASK_METHODS = ("auto", "alpha", "rembg", "grabcut")
 
 
@@ -794,9 +864,17 @@ RANDOM_WEIGHTS = ("tiny", "full")
 class GenerateConfig(Config):
     """``microdreamer generate``: every stage's settings.
 
+    The mode follows the inputs: an image alone is image-to-3D with ``prior`` (Zero123); a prompt alone is
+    text-to-3D with ``mvdream``; both are image+text-to-3D with ``imagedream``. The two MVDream-family modes
+    start from the presets ``presets/text.yaml`` and ``presets/imagedream.yaml`` (their SIR schedules), see
+    :func:`microdreamer.jobs.generate.default_config`.
+
     Attributes:
         image: input preparation (its ``size`` must equal ``sir.image_size``).
-        prior: the Zero123 prior (model, guidance, DDIM schedule).
+        prior: the Zero123 prior (model, guidance, DDIM schedule) of image-to-3D.
+        mvdream: the MVDream prior of text-to-3D.
+        imagedream: the ImageDream prior of image+text-to-3D.
+        negative_prompt: the MVDream-family priors' negative prompt (None: the prior config's).
         sir: score-based iterative reconstruction (iterations, views, losses, training, seed).
         export: the mesh export (field, mesh, texture; ``texture.mode = "none"`` exports it untextured).
         elevation_deg: elevation of the input image's camera (MicroDreamer's sign: negative = above).
@@ -806,6 +884,10 @@ class GenerateConfig(Config):
 
     image: ImageConfig = dataclasses.field(default_factory=ImageConfig)
     prior: Zero123Config = dataclasses.field(default_factory=Zero123Config)
+    mvdream: MVDreamConfig = dataclasses.field(default_factory=MVDreamConfig)
+    imagedream: ImageDreamConfig = dataclasses.field(default_factory=ImageDreamConfig)
+    negative_prompt: str | None = setting(None, "what the MVDream-family priors steer away from (default: "
+                                          "MicroDreamer's list of defects)")  # fmt: skip
     sir: SIRConfig = dataclasses.field(default_factory=SIRConfig)
     export: ExportConfig = dataclasses.field(default_factory=_generate_export)
     elevation_deg: float = setting(0.0, "elevation of the input view in degrees (MicroDreamer's sign: "
@@ -972,8 +1054,9 @@ def from_dict(cls: type[T], data: Any, where: str = "config", base: T | None = N
         raise InputError(f"{where}: {e}") from None
 
 
-def load_preset(cls: type[T], path: str | os.PathLike) -> T:
-    """Load a YAML preset into dataclass ``cls`` (the fields it names; the rest keep their defaults)."""
+def load_preset(cls: type[T], path: str | os.PathLike, base: T | None = None) -> T:
+    """Load a YAML preset into dataclass ``cls``: the fields it names, the rest from ``base`` (default: the
+    defaults)."""
     import yaml
 
     path = Path(path)
@@ -984,7 +1067,7 @@ def load_preset(cls: type[T], path: str | os.PathLike) -> T:
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         first = str(e).splitlines()[0]
         raise InputError(f"{path}: not valid YAML ({first})") from None
-    return from_dict(cls, data, str(path))
+    return from_dict(cls, data, str(path), base)
 
 
 def replace_path(cfg: T, path: str, value: Any) -> T:

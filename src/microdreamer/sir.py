@@ -120,7 +120,7 @@ def prune_white_floaters(splat: Splat, config: SIRConfig, backend: str = "auto")
 
 def run_sir(
     prior: Prior,
-    reference: Reference,
+    reference: Reference | None,
     config: SIRConfig | None = None,
     device: str | torch.device = "cpu",
     progress: Callable[[float], None] | None = None,
@@ -132,7 +132,9 @@ def run_sir(
     Args:
         prior: the multi-view prior (its :meth:`~Prior.set_reference` is called here).
         reference: the input view ([3, S, S] on white and its mask, S = ``config.image_size``; other
-            sizes are resized) and its camera.
+            sizes are resized) and its camera; None for text-to-3D: no input view (views drawn around
+            elevation 0, no reference row in the loss). With ``lambda_ref_rgb = lambda_ref_mask = 0`` the
+            reference conditions the prior only and is not rendered (ImageDream).
         config: :class:`SIRConfig`.
         device: where to optimise (the prior runs where it was built).
         progress: called with the fraction done after every outer iteration.
@@ -146,9 +148,11 @@ def run_sir(
     device = torch.device(device)
     timer = timer or StageTimer()
     S = config.image_size
-    ref = _resized_reference(reference, S)
-    with timer.stage("embed"):
-        prior.set_reference(ref)
+    ref = _resized_reference(reference, S) if reference is not None else None
+    if ref is not None:
+        with timer.stage("embed"):
+            prior.set_reference(ref)
+    ref_in_loss = ref is not None and (config.lambda_ref_rgb > 0 or config.lambda_ref_mask > 0)
     tc = config.train
     if initial is None:
         initial = random_ball_splat(
@@ -160,15 +164,21 @@ def run_sir(
 
     C = config.views
     white = torch.tensor(WHITE, device=device)  # a device tensor: no host-to-device copy per step
-    ref_target = ref.straight_rgba().to(device)[None]  # [1, S, S, 4]
-    rgb_w = torch.tensor([config.lambda_views / C] * C + [config.lambda_ref_rgb], device=device)
-    alpha_w = torch.tensor([0.0] * C + [config.lambda_ref_mask], device=device)
+    rgb_w = [config.lambda_views / C] * C
+    alpha_w = [0.0] * C
+    if ref_in_loss:
+        ref_target = ref.straight_rgba().to(device)[None]  # [1, S, S, 4]
+        rgb_w, alpha_w = rgb_w + [config.lambda_ref_rgb], alpha_w + [config.lambda_ref_mask]
+    rgb_w, alpha_w = torch.tensor(rgb_w, device=device), torch.tensor(alpha_w, device=device)
+    ref_elevation = ref.elevation_deg if ref is not None else 0.0
+    ref_azimuth = ref.azimuth_deg if ref is not None else 0.0
     history = []
     for k in range(config.iterations):
         t_stop = t_stop_schedule(k, config)
-        views = even_orbit_views(C, ref.elevation_deg, config.elevation_range, config.radius, view_gen)
-        views = OrbitViews(views.elevation_deg, views.azimuth_deg + ref.azimuth_deg, views.radius)
-        cams = OrbitViews.cat([views, ref.views]).cameras(config.fovy_deg, S, S).to(device)
+        views = even_orbit_views(C, ref_elevation, config.elevation_range, config.radius, view_gen)
+        views = OrbitViews(views.elevation_deg, views.azimuth_deg + ref_azimuth, views.radius)
+        cams = OrbitViews.cat([views, ref.views] if ref_in_loss else [views]).cameras(config.fovy_deg, S, S)
+        cams = cams.to(device)
         images = None
         if k > 0:
             with timer.stage("render"), torch.no_grad():
@@ -181,7 +191,8 @@ def run_sir(
         if tuple(targets.shape) != (C, 3, S, S):
             raise RuntimeError(f"the prior returned targets {tuple(targets.shape)}, expected {(C, 3, S, S)}")
         tgt = torch.cat([targets.permute(0, 2, 3, 1), torch.ones(C, S, S, 1, device=device)], -1)
-        tgt = torch.cat([tgt, ref_target])  # [C + 1, S, S, 4]
+        if ref_in_loss:
+            tgt = torch.cat([tgt, ref_target])  # [C + 1, S, S, 4]
         steps = config.init_steps if k == 0 else config.recon_steps
         losses = None
         with timer.stage("reconstruction"):

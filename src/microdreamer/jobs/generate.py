@@ -39,6 +39,7 @@ from microdreamer.io_utils import atomic_path
 from microdreamer.jobs import resolve_device
 from microdreamer.jobs.turntable import orbit_previews, save_contact_sheet
 from microdreamer.priors.base import Prior, Reference
+from microdreamer.priors.mvdream import FRONT_AZIMUTH_DEG
 from microdreamer.profiling import StageTimer
 from microdreamer.sir import run_sir
 
@@ -96,6 +97,65 @@ def build_prior(
     return Zero123Prior.from_pretrained(config, device)
 
 
+#: generation modes by their inputs, and the prior each one uses
+MODES = {"image": "Zero123", "text": "MVDream", "image+text": "ImageDream"}
+#: the built-in presets of the MVDream-family modes (their SIR schedules; upstream's configs)
+MODE_PRESETS = {"text": "text.yaml", "image+text": "imagedream.yaml"}
+
+
+def generation_mode(image: str | os.PathLike | None, prompt: str | None) -> str:
+    """``"image"`` (image-to-3D, Zero123), ``"text"`` (MVDream) or ``"image+text"`` (ImageDream)."""
+    if image is None and not prompt:
+        raise InputError("nothing to generate from: give an input image, a --prompt, or both")
+    if image is None:
+        return "text"
+    return "image+text" if prompt else "image"
+
+
+def default_config(mode: str) -> GenerateConfig:
+    """A mode's default settings: :class:`GenerateConfig`'s, with the built-in preset of the MVDream-family
+    modes (``presets/text.yaml``, ``presets/imagedream.yaml``) applied."""
+    from microdreamer.config import load_preset
+
+    if mode not in MODES:
+        raise InputError(f"generation mode {mode!r} is unknown; use one of {', '.join(MODES)}")
+    if mode not in MODE_PRESETS:
+        return GenerateConfig()
+    return load_preset(GenerateConfig, Path(__file__).resolve().parents[1] / "presets" / MODE_PRESETS[mode])
+
+
+def build_generate_prior(
+    config: GenerateConfig,
+    mode: str,
+    device: torch.device,
+    model: str | os.PathLike | Prior | None = None,
+    random_weights: str | None = None,
+) -> Prior:
+    """The prior of a generation in ``mode``: ``model`` itself when it is a :class:`Prior`; a random-weight
+    model of the mode's architecture for ``random_weights``; else the mode's model (``model`` or the
+    config's), loaded offline."""
+    if isinstance(model, Prior) or mode == "image":
+        return build_prior(config.prior, device, model, random_weights, config.sir.seed)
+    from microdreamer.priors.imagedream import ImageDreamPrior
+    from microdreamer.priors.mvdream import MVDreamPrior
+    from microdreamer.priors.zero123 import resolve_dtype
+
+    cfg, cls = (config.mvdream, MVDreamPrior) if mode == "text" else (config.imagedream, ImageDreamPrior)
+    if random_weights is not None:
+        if random_weights not in RANDOM_WEIGHTS:
+            raise InputError(f"random weights {random_weights!r}: unknown; use tiny or full")
+        from microdreamer.priors.factory import build_random_mvdream
+
+        logger.warning("RANDOM WEIGHTS (%s): the %s model is untrained; the output is noise, for timing and "
+                       "plumbing only", random_weights, cls.kind)  # fmt: skip
+        comps = build_random_mvdream(random_weights, config.sir.seed, device, resolve_dtype(cfg.dtype, device),
+                                     image_prompt=mode != "text")  # fmt: skip
+        return cls(comps, replace(cfg, model=f"random-{random_weights}"), device)
+    if model is not None:
+        cfg = replace(cfg, model=str(model))
+    return cls.from_pretrained(cfg, device)
+
+
 def _preload(names: tuple[str, ...] = PRELOAD_MODULES) -> threading.Thread | None:
     """Import ``names`` (those not imported yet, and installed) in a daemon thread; None if none."""
     todo = [n for n in names if n not in sys.modules]
@@ -115,18 +175,19 @@ def _preload(names: tuple[str, ...] = PRELOAD_MODULES) -> threading.Thread | Non
 
 
 def generate(
-    image_path: str | os.PathLike,
+    image_path: str | os.PathLike | None,
     out_dir: str | os.PathLike,
     config: GenerateConfig | None = None,
     model: str | os.PathLike | Prior | None = None,
     random_weights: str | None = None,
     device: str | torch.device = "auto",
     progress: Callable[[float], None] | None = None,
+    prompt: str | None = None,
 ) -> dict:
-    """One image in, a Gaussian splat, a mesh, previews and timings out.
+    """One image and/or a prompt in, a Gaussian splat, a mesh, previews and timings out.
 
     Args:
-        image_path: RGBA (alpha used) or RGB (background removed) image of one object.
+        image_path: RGBA (alpha used) or RGB (background removed) image of one object; None for text-to-3D.
         out_dir: output folder (created); splat.ply, mesh.glb, views.png, timings.json go there.
         config: :class:`GenerateConfig` (``sir.iterations``, ``sir.seed`` and ``elevation_deg`` are the
             CLI's ``--iters``, ``--seed`` and ``--elevation``).
@@ -135,6 +196,8 @@ def generate(
         random_weights: None, "tiny" or "full": use an untrained model of that size instead.
         device: "auto", "cpu", "cuda" or a torch device.
         progress: called with the fraction done after each SIR iteration.
+        prompt: the text of text-to-3D (no image: MVDream) or image+text-to-3D (ImageDream); None: image-to-3D
+            (Zero123). The mode's defaults: :func:`default_config` (the CLI starts from them).
 
     Returns:
         {"splat", "mesh", "views", "timings"}: the written paths, plus "seconds" (per stage),
@@ -147,7 +210,8 @@ def generate(
     from microdreamer.jobs.export import export_mesh
     from microdreamer.splat import write_ply
 
-    config = config or GenerateConfig()
+    mode = generation_mode(image_path, prompt)
+    config = config or default_config(mode)
     device = resolve_device(device)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -157,20 +221,31 @@ def generate(
     timer = StageTimer()
     _preload()  # not joined: it only helps when it finishes in the shadow of the GPU work
 
-    with timer.stage("prepare"):
-        prepared = prepare_image(image_path, config.image)
+    prepared = None
+    if image_path is not None:
+        with timer.stage("prepare"):
+            prepared = prepare_image(image_path, config.image)
     with timer.stage("load_model"):
-        prior = build_prior(config.prior, device, model, random_weights, config.sir.seed)
+        prior = build_generate_prior(config, mode, device, model, random_weights)
+    if prompt is not None and hasattr(prior, "set_prompt"):
+        with timer.stage("embed"):
+            prior.set_prompt(prompt, config.negative_prompt)
     if config.warmup and hasattr(prior, "warmup"):
         with timer.stage("warmup"):
             prior.warmup(config.sir.views)
-    reference = Reference(prepared.rgb, prepared.mask, config.elevation_deg, 0.0, config.sir.radius)
+    # MVDream's and ImageDream's front view is our azimuth 90 (MicroDreamer: "the second view is the front")
+    front = 0.0 if mode == "image" else FRONT_AZIMUTH_DEG
+    reference = None
+    if prepared is not None:
+        reference = Reference(prepared.rgb, prepared.mask, config.elevation_deg, front, config.sir.radius)
     result = run_sir(prior, reference, config.sir, device, progress=progress, timer=timer)
     splat = result.splat
     if len(splat) == 0:
-        raise InputError(f"{image_path}: every Gaussian was pruned; nothing to export (try another --seed)")
+        raise InputError(
+            f"{image_path or repr(prompt)}: every Gaussian was pruned; nothing to export (try another --seed)"
+        )
     with timer.stage("views"):  # the GPU part; the PNG and the PLY are written in the background
-        views = orbit_previews(splat, config.elevation_deg, config.views_size, radius=config.sir.radius,
+        views = orbit_previews(splat, config.elevation_deg, config.views_size, start_deg=front, radius=config.sir.radius,
                                fovy_deg=config.sir.fovy_deg, backend=config.sir.train.backend)  # fmt: skip
         splat_cpu = splat.detach().to("cpu")
     background_seconds: dict[str, float] = {}
@@ -204,8 +279,11 @@ def generate(
         "wall": wall,
         "seconds_after_load": after_load,
         "seconds_after_load_and_warmup": after_load - seconds.get("warmup", 0.0),
-        "image": str(image_path),
-        "mask_method": prepared.method,
+        "image": None if image_path is None else str(image_path),
+        "mask_method": None if prepared is None else prepared.method,
+        "mode": mode,
+        "prompt": prompt,
+        "negative_prompt": config.negative_prompt if prompt is not None else None,
         "model": str(getattr(getattr(prior, "config", None), "model", type(prior).__name__)),
         "random_weights": random_weights,
         "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),

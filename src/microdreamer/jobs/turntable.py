@@ -264,13 +264,14 @@ def orbit_previews(
     radius: float = 2.0,
     fovy_deg: float = 49.1,
     backend: str = "auto",
+    start_deg: float = 0.0,
 ) -> np.ndarray:
     """[count, size, size, 3] uint8 renders of a splat on white from MicroDreamer's orbit (around the
-    origin at ``radius``, as SIR sees it) at azimuths 0, 360 / count, ... and one elevation."""
+    origin at ``radius``, as SIR sees it) at azimuths ``start_deg`` + 0, 360 / count, ... and one elevation."""
     from microdreamer.cameras import orbit_cameras
     from microdreamer.render.gaussians import render
 
-    az = torch.arange(count, dtype=torch.float32) * (360.0 / count)
+    az = float(start_deg) + torch.arange(count, dtype=torch.float32) * (360.0 / count)
     el = torch.full((count,), float(elevation_deg))
     cams = orbit_cameras(el, az, torch.full((count,), float(radius)), fovy_deg, size, size)
     with torch.no_grad():

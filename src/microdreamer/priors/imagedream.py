@@ -24,38 +24,17 @@ MicroDreamer's convention). diffusers and transformers are imported on first use
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import torch
 
+from microdreamer.config import ImageDreamConfig
 from microdreamer.priors.base import Reference
-from microdreamer.priors.ddim import DDIMConfig
 from microdreamer.priors.mvdream import SUBFOLDERS as MVDREAM_SUBFOLDERS
-from microdreamer.priors.mvdream import MVDreamConfig, MVDreamPrior
+from microdreamer.priors.mvdream import MVDreamPrior
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "ashawkey/imagedream-ipmv-diffusers"
 SUBFOLDERS = (*MVDREAM_SUBFOLDERS, "image_encoder", "feature_extractor")
-
-
-@dataclass
-class ImageDreamConfig(MVDreamConfig):
-    """The ImageDream prior; the defaults are MicroDreamer's ``configs/imagedream.yaml``.
-
-    Attributes (besides :class:`~microdreamer.priors.mvdream.MVDreamConfig`'s):
-        model: the ImageDream folder or cached repo id.
-        guidance_scale: ``cfg`` 2.0.
-        eta: ``eta`` 0.0.
-        inversion_ratio: ``inv_r`` 0.6.
-        ddim: ``denoise_steps`` 10.
-    """
-
-    model: str = DEFAULT_MODEL
-    guidance_scale: float = 2.0
-    eta: float = 0.0
-    inversion_ratio: float = 0.6
-    ddim: DDIMConfig = field(default_factory=lambda: DDIMConfig(num_inference_steps=10))
 
 
 class ImageDreamPrior(MVDreamPrior):

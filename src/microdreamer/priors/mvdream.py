@@ -36,7 +36,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,27 +44,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from microdreamer.cameras import look_at_opengl, orbit_positions
+from microdreamer.config import MVDreamConfig
 from microdreamer.errors import InputError
 from microdreamer.priors.base import OrbitViews, Prior, Reference, even_orbit_views
-from microdreamer.priors.ddim import DDIMConfig, DDIMRoundTrip
+from microdreamer.priors.ddim import DDIMRoundTrip
 from microdreamer.priors.fused import fuse_ops, geglu, geglu_reference, group_norm, group_norm_reference
 from microdreamer.priors.zero123 import LatentCodec, _GraphedCall, resolve_dtype, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "ashawkey/mvdream-sd2.1-diffusers"
 SUBFOLDERS = ("unet", "vae", "text_encoder", "tokenizer")
 WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
 #: our azimuth of MVDream's / ImageDream's front view (MicroDreamer: "the second view is the front view")
 FRONT_AZIMUTH_DEG = 90.0
 #: MicroDreamer's negative prompt for MVDream and ImageDream (configs/imagedream.yaml, configs/text_mv.yaml)
-NEGATIVE_PROMPT = (
-    "ugly, bad anatomy, blurry, pixelated obscure, unnatural colors, poor lighting, dull, and unclear, "
-    "cropped, lowres, low quality, artifacts, duplicate, morbid, mutilated, poorly drawn face, deformed, "
-    "dehydrated, bad proportions"
-)
-
-
 # ---------------------------------------------------------------------------------------------- cameras
 # OpenGL world (y up) -> Blender world (z up): (x, y, z) -> (x, -z, y), applied on the left of c2w
 _OPENGL_TO_BLENDER = torch.tensor(
@@ -716,54 +709,6 @@ def load_components(
 
 
 # ----------------------------------------------------------------------------------------------- prior
-@dataclass
-class MVDreamConfig:
-    """The MVDream prior: which model, and the SIR sampling settings (see benchmarks/NOTES_mvdream.md).
-
-    Attributes:
-        model: a diffusers-format folder, or a Hugging Face repo id already in the local cache.
-        negative_prompt: the unconditional branch's text (MicroDreamer's list of defects).
-        guidance_scale: classifier-free guidance of the denoising steps (ours: 7.5, MVDream's
-            sampling scale; upstream's text config sets none).
-        eta: DDIM eta of the denoising steps (upstream's MVDream refinement: 0).
-        inversion_ratio: t1 = inversion_ratio * t2 (noise to t1, DDIM inversion t1 -> t2;
-            upstream's MVDream refinement: 0.6).
-        frames: F, views per group (MVDream: 4); refine takes a multiple of F views.
-        image_size: the side of the images the model sees (256); other sizes are resized.
-        dtype: "auto" (float16 on CUDA, float32 on the CPU), "float16", "bfloat16" or "float32".
-        cuda_graphs: replay the UNet (one graph per batch) and the VAE from CUDA graphs; CUDA only.
-        channels_last: keep the UNet's activations in NHWC; CUDA only.
-        vae_channels_last: the same for the VAE; CUDA only.
-        fused_group_norm: the group norms (with their SiLU and the time-embedding add) and GEGLU gates
-            on the Triton kernels of :mod:`microdreamer.priors.fused`; CUDA (channels-last) only.
-        hf_cache_dir: the Hugging Face cache to look repo ids up in (None: the default one).
-        ddim: the DDIM schedule (upstream's text config: 50 steps).
-    """
-
-    model: str = DEFAULT_MODEL
-    negative_prompt: str = NEGATIVE_PROMPT
-    guidance_scale: float = 7.5
-    eta: float = 0.0
-    inversion_ratio: float = 0.6
-    frames: int = 4
-    image_size: int = 256
-    dtype: str = "auto"
-    cuda_graphs: bool = True
-    channels_last: bool = True
-    vae_channels_last: bool = True
-    fused_group_norm: bool = True
-    hf_cache_dir: str | None = None
-    ddim: DDIMConfig = field(default_factory=lambda: DDIMConfig(num_inference_steps=50))
-
-    def __post_init__(self) -> None:
-        if self.dtype not in ("auto", "float16", "bfloat16", "float32"):
-            raise ValueError(f"dtype must be auto, float16, bfloat16 or float32; got {self.dtype!r}")
-        if not 0.0 < self.inversion_ratio <= 1.0:
-            raise ValueError(f"inversion_ratio must be in (0, 1], got {self.inversion_ratio}")
-        if self.frames < 1:
-            raise ValueError(f"frames must be >= 1, got {self.frames}")
-
-
 class _UNetRunner:
     """Calls the multi-view UNet with a fixed number of views per group (eagerly or from CUDA graphs)
     and counts its calls."""
