@@ -292,6 +292,7 @@ class MeshJob(BatchJob):
         timer = StageTimer()
         with timer.stage("read"):
             splat = read_ply(item.input)
+        item.output.parent.mkdir(parents=True, exist_ok=True)
         result = export_mesh(splat, item.output, cfg, self._device, timer=timer, name=str(item.input))
         return {
             "num_gaussians": result.convert.num_gaussians_in,
