@@ -28,6 +28,7 @@ this module imports no torch; the jobs import their stages in :meth:`~BatchJob.s
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -199,23 +200,32 @@ class GenerateJob(BatchJob):
         return all((output / f).is_file() for f in self.FILES)
 
     def setup(self) -> dict:
+        t = time.perf_counter()
         from microdreamer.config import GenerateConfig
         from microdreamer.jobs import resolve_device
         from microdreamer.jobs.generate import PRELOAD_MODULES, build_prior
 
         cfg = self.config or GenerateConfig()
-        seconds = {}
+        seconds = {"import_torch": time.perf_counter() - t}
+        t = time.perf_counter()
+        _import_quietly(
+            ("diffusers.models.autoencoders", "diffusers.models.unets", "transformers.models.clip")
+        )
+        seconds["import_diffusers"] = time.perf_counter() - t
         t = time.perf_counter()
         self._device = resolve_device(self.device)
         self._prior = build_prior(cfg.prior, self._device, self.model, self.random_weights, cfg.sir.seed)
         seconds["load_model"] = _lap(t, self._device)
         t = time.perf_counter()
-        if cfg.warmup and hasattr(self._prior, "warmup"):
-            self._prior.warmup(cfg.sir.views)  # once: the runs below replay what it captured
+        if cfg.warmup and hasattr(self._prior, "warmup"):  # once: the runs below replay what it captured
+            if "from_renders" in inspect.signature(self._prior.warmup).parameters:
+                self._prior.warmup(cfg.sir.views, from_renders=cfg.sir.iterations > 1)
+            else:
+                self._prior.warmup(cfg.sir.views)
         seconds["warmup"] = _lap(t, self._device)
         t = time.perf_counter()
         _import_quietly(PRELOAD_MODULES)  # the export stages' modules, before the first image
-        seconds["imports"] = time.perf_counter() - t
+        seconds["import_export_stages"] = time.perf_counter() - t
         self._config = dataclasses.replace(cfg, warmup=False)
         return seconds
 
