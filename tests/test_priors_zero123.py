@@ -366,3 +366,87 @@ def test_prior_layouts_and_shortcut_agree_on_cuda():
         torch.testing.assert_close(a, b, atol=5e-3, rtol=5e-3)
     for a, b in zip(outs["back"], outs["plain"], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ warm start
+@pytest.mark.parametrize("variant", ["fp32", "fp16_file", "renamed_keys"])
+def test_direct_loader_matches_diffusers_from_pretrained(tiny_folder, tmp_path, variant, caplog):
+    """The UNet and VAE built on the meta device and given the safetensors tensors equal diffusers'
+    from_pretrained; a float16 file is read for float16; keys that differ fall back to diffusers."""
+    import logging
+    import shutil
+
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from safetensors.torch import load_file, save_file
+
+    from microdreamer.priors.zero123 import WEIGHTS, load_diffusers_model
+
+    folder = tmp_path / "vae"
+    shutil.copytree(tiny_folder / "vae", folder)
+    dtype = torch.float32
+    if variant == "fp16_file":  # a half-precision variant beside the full one: fp16 loads read it
+        state = load_file(str(folder / f"{WEIGHTS}.safetensors"))
+        save_file({k: v.half() for k, v in state.items()}, str(folder / f"{WEIGHTS}.fp16.safetensors"))
+        dtype = torch.float16
+    if variant == "renamed_keys":  # diffusers' deprecated VAE attention names (query/key/value/proj_attn)
+        state = load_file(str(folder / f"{WEIGHTS}.safetensors"))
+        renamed = {k.replace(".to_q.", ".query.").replace(".to_k.", ".key.").replace(".to_v.", ".value.")
+                   .replace(".to_out.0.", ".proj_attn."): v for k, v in state.items()}  # fmt: skip
+        assert renamed.keys() != state.keys()
+        save_file(renamed, str(folder / f"{WEIGHTS}.safetensors"))
+    with caplog.at_level(logging.INFO, logger="microdreamer.priors.zero123"):
+        direct = load_diffusers_model(AutoencoderKL, folder, "cpu", dtype)
+    assert ("loading through diffusers" in caplog.text) == (variant == "renamed_keys")
+    reference = AutoencoderKL.from_pretrained(folder, torch_dtype=dtype, local_files_only=True)
+    if variant == "fp16_file":  # diffusers reads the full file and casts: the same values
+        reference = AutoencoderKL.from_pretrained(tiny_folder / "vae", torch_dtype=dtype)
+    a, b = direct.state_dict(), reference.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == dtype and torch.equal(a[k], b[k]), k
+    assert not direct.training and all(not t.is_meta for t in direct.state_dict().values())
+    unet = load_diffusers_model(UNet2DConditionModel, tiny_folder / "unet", "cpu", torch.float32)
+    ref_unet = UNet2DConditionModel.from_pretrained(tiny_folder / "unet", local_files_only=True)
+    g = torch.Generator().manual_seed(2)
+    x, ctx, t = (
+        torch.randn(2, 8, 8, 8, generator=g),
+        torch.randn(2, 1, 32, generator=g),
+        torch.tensor([9.0, 9.0]),
+    )
+    with torch.no_grad():
+        assert torch.equal(
+            unet(x, t, encoder_hidden_states=ctx).sample, ref_unet(x, t, encoder_hidden_states=ctx).sample
+        )
+
+
+@pytest.mark.parametrize("iterations", [1, 2])
+def test_warmup_captures_only_what_the_run_replays(tiny_folder, monkeypatch, iterations):
+    """The signatures (shapes, strides, dtypes) the warm-up would capture are exactly those the SIR
+    run calls its graphed networks with: one iteration never encodes renders nor inverts."""
+    from microdreamer.config import SIRConfig, TrainConfig
+    from microdreamer.priors import zero123
+    from microdreamer.sir import run_sir
+
+    seen: list = []
+    plain = zero123._GraphedCall.__call__
+
+    def recording(self, *args):
+        seen.append((self.name, tuple((tuple(a.shape), a.stride(), a.dtype) for a in args)))
+        return plain(self, *args)
+
+    monkeypatch.setattr(zero123._GraphedCall, "__call__", recording)
+    prior = Zero123Prior.from_pretrained(Zero123Config(model=str(tiny_folder), image_size=SIZE))
+    views = 2
+    for fn, args in prior.warmup_calls(views, from_renders=iterations > 1):
+        fn(*args)
+    warm, seen[:] = set(seen), []
+    cfg = SIRConfig(iterations=iterations, views=views, init_steps=1, recon_steps=1, image_size=SIZE,
+                    white_check_size=SIZE, white_prune=False,
+                    train=TrainConfig(num_pts=50, backend="torch", densify_end_iter=0))  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    ref = Reference(torch.rand(3, SIZE, SIZE, generator=g), torch.ones(1, SIZE, SIZE))
+    run_sir(prior, ref, cfg, "cpu")
+    assert warm == set(seen)
+    names = {name for name, _ in warm}
+    assert names == ({"UNet", "VAE decoder", "VAE encoder"} if iterations > 1 else {"UNet", "VAE decoder"})
+    assert len({key for name, key in warm if name == "UNet"}) == (2 if iterations > 1 else 1)

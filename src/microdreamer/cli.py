@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import time
 import typing
@@ -50,6 +51,7 @@ class Command:
     preset: bool = True  # --config YAML
     device: bool = True  # --device
     output_default: str | None = None
+    batch: bool = False  # the first positional takes several inputs or a folder (jobs/batch.py)
 
 
 def _field_flags(prefix: str = "") -> tuple[Flag, ...]:
@@ -76,14 +78,20 @@ COMMANDS = (
         "mesh",
         "convert a 3DGS .ply splat into a mesh (.glb, .obj or .ply)",
         config.ExportConfig,
-        (("splat", "SPLAT.ply", "input splat, INRIA 3DGS PLY layout"),),
-        ("OUT.{glb,obj,ply}", True, "output mesh: OUT.glb, OUT.obj or OUT.ply"),
+        (("splat", "SPLAT.ply", "input splat(s), INRIA 3DGS PLY layout, or a folder of them (a batch)"),),
+        (
+            "OUT.{glb,obj,ply}|DIR/",
+            True,
+            "output mesh: OUT.glb, OUT.obj or OUT.ply; for a batch a folder "
+            "(OUT/<stem>.glb per splat, summary.json)",
+        ),
         (
             *_field_flags(),
             Flag("--texture", "texture.mode"),
             Flag("--texture-size", "texture.size"),
             Flag("--refine", "texture.refine.steps", "STEPS"),
         ),
+        batch=True,
     ),
     Command(
         "render-views",
@@ -115,19 +123,25 @@ COMMANDS = (
         (
             (
                 "image",
-                "[IMAGE]",
-                "input image: RGBA (its alpha is the mask) or RGB (background removed); leave it "
-                "out for text-to-3D",
-                "?",
+                "[IMAGE...|DIR]",
+                "input image(s): RGBA (its alpha is the mask) or RGB (background removed), or a folder of them "
+                "(a batch); leave it out for text-to-3D (--prompt)",
+                "*",
             ),
         ),
-        ("OUT/", True, "output folder: splat.ply, mesh.glb, views.png, timings.json"),
+        (
+            "OUT/",
+            True,
+            "output folder: splat.ply, mesh.glb, views.png, timings.json; for a batch "
+            "OUT/<stem>/ per image and OUT/summary.json",
+        ),
         (
             Flag("--negative-prompt", "negative_prompt", "TEXT"),
             Flag("--iters", "sir.iterations"),
             Flag("--seed", "sir.seed"),
             Flag("--elevation", "elevation_deg"),
         ),
+        batch=True,
     ),
     Command(
         "render",
@@ -195,6 +209,16 @@ EXTRA = {
     ("profile", "--resolutions"): ({"default": "128,256,384,512,768,1024", "metavar": "R,R,...",
                                     "help": "grid resolutions, as memory allows (default 128,256,384,512,768,1024)"},
                                    "R,R,..."),
+    **{(name, flag): spec for name in ("mesh", "generate") for flag, spec in {
+        "--overwrite": ({"action": "store_true", "help": "batches: redo inputs whose outputs exist (default: "
+                                                         "skip them)"}, None),
+        "--workers": ({"type": int, "default": None, "metavar": "N",
+                       "help": "batches: run on N Ray workers (a local cluster: one per GPU, or CPU workers "
+                               "when there is no GPU); needs the distributed extra"}, "N"),
+        "--ray-address": ({"default": None, "metavar": "ADDR",
+                           "help": "batches: run on the existing Ray cluster at ADDR (host:port or auto); "
+                                   "--workers defaults to its GPUs"}, "ADDR"),
+    }.items()},
 }  # fmt: skip
 BY_NAME = {c.name: c for c in COMMANDS}
 
@@ -240,7 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in COMMANDS:
         sp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        for dest, metavar, text, *nargs in cmd.positionals:
+        for i, (dest, metavar, text, *nargs) in enumerate(cmd.positionals):
+            if not nargs and cmd.batch and i == 0:
+                nargs = ["+"]
             sp.add_argument(dest, metavar=metavar, help=text, **({"nargs": nargs[0]} if nargs else {}))
         metavar, required, text = cmd.output
         if required:
@@ -268,7 +294,10 @@ def synopsis(width: int = 110) -> str:
     """Every command's usage line, as the README's command-line section shows it."""
     lines = []
     for cmd in COMMANDS:
-        parts = [meta for _, meta, *_ in cmd.positionals]
+        parts = [
+            meta + ("...|DIR" if cmd.batch and i == 0 and not nargs else "")
+            for i, (_, meta, _, *nargs) in enumerate(cmd.positionals)
+        ]
         metavar, required, _ = cmd.output
         parts.append(f"-o {metavar}" if required else f"[-o {cmd.output_default or metavar}]")
         for flag in cmd.flags:
@@ -348,10 +377,83 @@ def _seconds(seconds: dict[str, float], digits: int = 3) -> str:
 # ------------------------------------------------------------------------------------------- commands
 
 
-def cmd_mesh(args: argparse.Namespace) -> None:
+def _batch_requested(args: argparse.Namespace, sources: list[str], folder_output: bool = False) -> bool:
+    """A batch: several inputs, a folder, or (mesh) an output folder; else today's single-input command.
+    ``--workers`` / ``--ray-address`` need a batch."""
+    batch = len(sources) > 1 or any(Path(s).is_dir() for s in sources) or folder_output
+    if not batch and (args.workers is not None or args.ray_address):
+        flag = "--workers" if args.workers is not None else "--ray-address"
+        raise InputError(f"{flag}: runs batches; give several inputs or a folder (one input runs here)")
+    return batch
+
+
+class _BatchProgress:
+    """Progress over a batch's inputs: a bar when stderr is a terminal, else one line per input."""
+
+    def __init__(self, total: int, what: str) -> None:
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=what, file=sys.stderr, leave=False)
+
+    def __call__(self, result, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"{result.name}: {result.status}")
+            return
+        more = f", {result.num_gaussians} Gaussians" if result.num_gaussians is not None else ""
+        tail = f": {result.error}" if result.error else ""
+        print(f"[{done}/{total}] {result.name}: {result.status} ({result.seconds:.2f} s{more}){tail}",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run_batch(args: argparse.Namespace, job, sources: list[str], cfg) -> int:
+    """Run ``job`` over ``sources`` into the folder ``args.output`` (jobs/batch.py), print the table and
+    write summary.json; exit status 1 when any input failed."""
+    from microdreamer.jobs import batch
+
+    distributed = args.workers is not None or bool(args.ray_address)
+    if distributed:
+        batch.import_ray("--workers" if args.workers is not None else "--ray-address")  # one line, first
+    items = batch.plan(batch.collect_inputs(sources, job.suffixes, f"{job.what} files"), args.output, job)
+    progress = _BatchProgress(len(items), job.what)
+    try:
+        if distributed:
+            report = batch.run_ray(job, items, args.overwrite, progress, workers=args.workers,
+                                   address=args.ray_address)  # fmt: skip
+        else:
+            report = batch.run_local(job, items, args.overwrite, progress)
+    finally:
+        progress.close()
+    extra = {"command": "microdreamer " + " ".join(sys.argv[1:]), "config": config.to_dict(cfg)}
+    summary = batch.write_summary(report, args.output, extra)
+    print(batch.table(report))
+    setup = max((sum(v for v in s.values() if isinstance(v, float)) for s in report.setup), default=0.0)
+    print(f"{report.count('ok')} ok, {report.count('failed')} failed, {report.count('skipped')} skipped of "
+          f"{len(items)} in {report.wall:.2f} s ({report.workers} worker(s), setup {setup:.2f} s) -> {summary}")  # fmt: skip
+    return 1 if report.failed else 0
+
+
+def cmd_mesh(args: argparse.Namespace) -> int | None:
     from microdreamer.io_utils import check_output_path
     from microdreamer.mesh import MESH_FORMATS
 
+    sources = list(args.splat)
+    folder_output = args.output.endswith(("/", os.sep)) or Path(args.output).is_dir()
+    if _batch_requested(args, sources, folder_output):
+        if Path(args.output).suffix.lower() in MESH_FORMATS and not folder_output:
+            raise InputError(f"-o {args.output}: a batch writes one mesh per splat; give an output folder "
+                             "(-o DIR/)")  # fmt: skip
+        cfg = job_config(args)
+        from microdreamer.jobs.batch import MeshJob
+
+        return _run_batch(args, MeshJob(cfg, args.device), sources, cfg)
+    args.splat = sources[0]
     out = Path(args.output)
     if out.exists() and out.is_dir():
         raise InputError(f"{out}: is a directory; give a file name ending in .glb, .obj or .ply")
@@ -444,15 +546,28 @@ def cmd_reconstruct(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(str(out / f) for f in files))
 
 
-def cmd_generate(args: argparse.Namespace) -> None:
-    from microdreamer.jobs.generate import default_config, generate, generation_mode
+def cmd_generate(args: argparse.Namespace) -> int | None:
+    sources = list(args.image or [])
+    if args.prompt and len(sources) > 1:
+        raise InputError("--prompt: batches take images alone; give one image with a prompt")
+    batch = _batch_requested(args, sources) if sources else False
+    if not batch and sources and not Path(sources[0]).is_file():  # before torch is imported: fails at once
+        raise InputError(f"{sources[0]}: no such image file")
+    from microdreamer.jobs.generate import default_config, generation_mode
 
-    mode = generation_mode(args.image, args.prompt)
+    mode = generation_mode(sources[0] if sources else None, args.prompt)
     cfg = job_config(args, base=default_config(mode))
-
     if args.random_weights:
         print(f"WARNING: --random-weights {args.random_weights}: the diffusion model has RANDOM weights; "
               "the output is noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip
+    if batch:
+        from microdreamer.jobs.batch import GenerateJob
+
+        job = GenerateJob(cfg, random_weights=args.random_weights, device=args.device)
+        return _run_batch(args, job, sources, cfg)
+    args.image = sources[0] if sources else None
+    from microdreamer.jobs.generate import generate
+
     update, close = _progress_bar("SIR iterations")
     try:
         report = generate(args.image, args.output, cfg, model=args.model, random_weights=args.random_weights,
@@ -466,7 +581,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     out = Path(args.output)
     files = ["splat.ply", "mesh.glb", "views.png", "timings.json"]
     if args.profile:
-        _write_profile(report.get("seconds", {}), out, f"microdreamer generate {Path(args.image).name}",
+        _write_profile(report.get("seconds", {}), out, f"microdreamer generate {Path(args.image or 'text').name}",
                        extra={"device": report.get("device"), "random_weights": report.get("random_weights")})  # fmt: skip
         files += ["profile.json", "profile.png"]
     print("wrote " + ", ".join(str(out / f) for f in files))
@@ -585,14 +700,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
-        args.func(args)
+        code = args.func(args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return int(code or 0)
 
 
 if __name__ == "__main__":

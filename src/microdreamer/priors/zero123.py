@@ -238,19 +238,56 @@ def set_cross_attention(unet: torch.nn.Module, single_token: bool) -> int:
     return n
 
 
+WEIGHTS = "diffusion_pytorch_model"
+
+
+def load_diffusers_model(cls, folder: str | os.PathLike, device: torch.device | str, dtype: torch.dtype):
+    """A diffusers model (``cls``: UNet2DConditionModel, AutoencoderKL) from ``folder``, its weights read
+    from safetensors straight onto ``device`` and cast to ``dtype`` there.
+
+    The model is built on the meta device (no allocation, no initialisation) and takes the loaded
+    tensors as its parameters (``load_state_dict(assign=True)``); ``diffusion_pytorch_model.fp16.safetensors``
+    is read when ``dtype`` is float16 and the folder has it (half the bytes). Anything this path does not
+    cover (.bin or sharded weights, keys that differ from the model's, e.g. a checkpoint with diffusers'
+    deprecated attention names) goes through ``cls.from_pretrained`` and then to ``device``, which handles
+    all of those.
+    """
+    from safetensors.torch import load_file
+
+    folder, device = Path(folder), torch.device(device)
+    fp16 = folder / f"{WEIGHTS}.fp16.safetensors"
+    file = fp16 if dtype == torch.float16 and fp16.exists() else folder / f"{WEIGHTS}.safetensors"
+    if file.exists():
+        with torch.device("meta"):
+            model = cls.from_config(cls.load_config(folder))
+        state = load_file(str(file), device=str(device))
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if not (missing or unexpected or on_meta):
+            return model.eval()
+        logger.info("%s: %d missing, %d unexpected keys, %d tensors unset; loading through diffusers",
+                    folder, len(missing), len(unexpected), len(on_meta))  # fmt: skip
+        del model, state
+    model = cls.from_pretrained(folder, torch_dtype=dtype, local_files_only=True)
+    return model.to(device).eval()
+
+
 def load_components(
     path: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> Zero123Components:
-    """Load every component of a diffusers-format Zero123 folder (no network), on ``device`` in ``dtype``."""
+    """Load every component of a diffusers-format Zero123 folder (no network), on ``device`` in ``dtype``:
+    the UNet and the VAE (93% of the weights) through :func:`load_diffusers_model`, straight to ``device``;
+    the CLIP image encoder through transformers on the CPU, then moved."""
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
 
-    path = Path(path)
-    unet = UNet2DConditionModel.from_pretrained(path / "unet", torch_dtype=dtype, local_files_only=True)
-    vae = AutoencoderKL.from_pretrained(path / "vae", torch_dtype=dtype, local_files_only=True)
+    path, device = Path(path), torch.device(device)
+    unet = load_diffusers_model(UNet2DConditionModel, path / "unet", device, dtype)
+    vae = load_diffusers_model(AutoencoderKL, path / "vae", device, dtype)
     image_encoder = CLIPVisionModelWithProjection.from_pretrained(
         path / "image_encoder", dtype=dtype, attn_implementation="sdpa", local_files_only=True
-    )
+    )  # built on the CPU, moved below (its device_map path needs accelerate)
     feature_extractor = CLIPImageProcessor.from_pretrained(path / "feature_extractor", local_files_only=True)
     projection = load_camera_projection(path / "clip_camera_projection", dtype)
     declared = None
@@ -387,7 +424,9 @@ class LatentCodec:
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """[C, 4, h, w] scaled latents -> [C, 3, S, S] float32 images in [0, 1]; non-finite values
         become white and are counted in ``nonfinite`` (read by the priors' stats, one sync)."""
-        x = self.decode_call((latents / self.scale).to(self.dtype)).float()
+        # contiguous: latents from the encoder come channels-last-strided (its posterior's mean is a channel
+        # slice), those from noise do not; one layout means one decoder graph, the one warm-up captures
+        x = self.decode_call((latents / self.scale).to(self.dtype).contiguous()).float()
         bad = ~torch.isfinite(x)
         self.nonfinite = self.nonfinite + bad.sum()
         return (torch.where(bad, torch.ones_like(x), x) / 2 + 0.5).clamp(0, 1)
@@ -589,21 +628,35 @@ class Zero123Prior(Prior):
             )
         return targets
 
-    @_with_cudnn_flags
-    @torch.no_grad()
-    def warmup(self, views: int) -> None:
-        """Run every network once at the shapes of a C-view refinement (cuDNN and cuBLAS choices) and
-        capture the UNet's CUDA graphs (batches 2C and C), so the first iteration is not slower than
-        the others. No-op on the CPU."""
-        if self.device.type != "cuda":
-            return
+    def warmup_calls(self, views: int, from_renders: bool = True) -> list[tuple[Callable, tuple]]:
+        """The calls :meth:`warmup` makes, as (function, arguments): exactly the signatures a C-view SIR
+        run replays. Always the guided UNet (batch 2C) and the VAE decoder (C); with ``from_renders``
+        (some refinement starts from renders: SIR iterations after the first) also the VAE encoder (C)
+        and, when the inversion has steps (``inversion_ratio`` < 1), the unconditional UNet (batch C)."""
         C, s = views, self.image_size
         h = s // self.vae_factor
         d = self.nets.camera_projection.out_features
-        for b in (2 * C, C):
+        batches = [2 * C] + ([C] if from_renders and self.config.inversion_ratio < 1.0 else [])
+        calls: list[tuple[Callable, tuple]] = []
+        for b in batches:
             x = torch.randn(b, 8, h, h, device=self.device, dtype=self.dtype)
-            self.unet(x, 500, torch.randn(b, 1, d, device=self.device, dtype=self.dtype))
-        self.decode(self.encode(torch.rand(C, 3, s, s, device=self.device)))
+            calls.append((self.unet, (x, 500, torch.randn(b, 1, d, device=self.device, dtype=self.dtype))))
+        if from_renders:
+            calls.append((self.encode, (torch.rand(C, 3, s, s, device=self.device),)))
+        latents = torch.randn(C, 4, h, h, device=self.device)
+        calls.append((self.decode, (latents,)))
+        return calls
+
+    @_with_cudnn_flags
+    @torch.no_grad()
+    def warmup(self, views: int, from_renders: bool = True) -> None:
+        """Run every network once at the shapes of a C-view refinement (cuDNN and cuBLAS choices) and
+        capture the CUDA graphs the run will replay (:meth:`warmup_calls`), so the first iteration is
+        not slower than the others. No-op on the CPU."""
+        if self.device.type != "cuda":
+            return
+        for fn, args in self.warmup_calls(views, from_renders):
+            fn(*args)
         torch.cuda.synchronize(self.device)
         self.unet.calls = self.unet.samples = 0
         self.codec.nonfinite.zero_()
