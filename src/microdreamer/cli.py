@@ -135,6 +135,8 @@ EXTRA = {
     ("generate", "--random-weights"): ({"choices": list(config.RANDOM_WEIGHTS), "default": None,
                                         "help": "use a randomly initialised model (timing and plumbing "
                                                 "only: the output is noise)"}, "tiny|full"),
+    ("generate", "--no-refine"): ({"action": "store_true",
+                                   "help": "skip stage 2 (the texture refined against the prior)"}, None),
 }  # fmt: skip
 BY_NAME = {c.name: c for c in COMMANDS}
 
@@ -371,6 +373,8 @@ def cmd_reconstruct(args: argparse.Namespace) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     cfg = job_config(args)
+    if args.no_refine:
+        cfg = config.replace_path(cfg, "refine.enabled", False)
     from microdreamer.jobs.generate import generate
 
     if args.random_weights:

@@ -30,7 +30,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -449,6 +449,7 @@ class Zero123Prior(Prior):
         self.image_size = self.config.image_size
         self.kind = self._camera_kind()
         self.ddim = DDIMRoundTrip(self.config.ddim)
+        self._ddim_by_steps: dict[int, DDIMRoundTrip] = {}  # other grids (stage 2's 50 steps)
         on_cuda = self.device.type == "cuda"
 
         # set both ways: several priors may share one set of networks (benchmark variants)
@@ -538,12 +539,13 @@ class Zero123Prior(Prior):
         return self.codec.decode(latents)
 
     # ------------------------------------------------------------------ noise predictions
-    def _eps_guided(self, context: torch.Tensor):
+    def _eps_guided(self, context: torch.Tensor, scale: float | None = None):
+        """The guided noise predictor for ``context`` [C, 1, D]; ``scale`` None = the config's."""
         C = context.shape[0]
         ref = self.reference_latent.expand(C, -1, -1, -1)
         concat = torch.cat([ref, torch.zeros_like(ref)])  # [2C, 4, h, w]
         ctx = torch.cat([context, torch.zeros_like(context)])  # [2C, 1, D]
-        scale = self.config.guidance_scale
+        scale = self.config.guidance_scale if scale is None else float(scale)
 
         def eps(x: torch.Tensor, t: int) -> torch.Tensor:
             xin = torch.cat([x, x]).to(self.dtype)
@@ -589,21 +591,78 @@ class Zero123Prior(Prior):
             )
         return targets
 
+    def ddim_with_steps(self, steps: int) -> DDIMRoundTrip:
+        """The config's DDIM schedule on a grid of ``steps`` steps (the SIR round trip's own when equal;
+        built once per step count)."""
+        if steps == self.ddim.config.num_inference_steps:
+            return self.ddim
+        if steps not in self._ddim_by_steps:
+            self._ddim_by_steps[steps] = DDIMRoundTrip(replace(self.config.ddim, num_inference_steps=steps))
+        return self._ddim_by_steps[steps]
+
     @_with_cudnn_flags
     @torch.no_grad()
-    def warmup(self, views: int) -> None:
+    def strength_refine(
+        self,
+        images: torch.Tensor,
+        views: OrbitViews,
+        strength: float = 0.8,
+        generator: torch.Generator | None = None,
+        steps: int = 50,
+        guidance_scale: float = 2.0,
+        eta: float = 0.0,
+    ) -> torch.Tensor:
+        """MicroDreamer's stage-2 refinement (``guidance/zero123_utils.py`` ``Zero123.refine``): encode the
+        renders, add noise up to ``t = grid[int(steps * strength)]`` of a ``steps``-step DDIM grid, then
+        DDIM-denoise through the rest of the grid with guidance ``guidance_scale``, conditioned on the
+        input image and the views' cameras; decode.
+
+        Differences from upstream: the renders' latents are the VAE posterior's mode (upstream samples
+        it), and the noise comes from ``generator``.
+
+        Args:
+            images: [C, 3, H, W] float in [0, 1], renders from ``views`` on white.
+            views: the C views' angles.
+            strength: fraction of the grid skipped (upstream: 0.8 of 50 -> t = 181, 10 steps).
+            generator: on the prior's device.
+            steps, guidance_scale, eta: the DDIM grid, the guidance and DDIM's eta (upstream: 50, 2, 0).
+
+        Returns:
+            [C, 3, H, W] float32 targets in [0, 1] (decoded at the model's side, resized back to H x W).
+        """
+        ddim = self.ddim_with_steps(steps)
+        t = ddim.strength_start(strength)
+        if t is None:  # nothing left to denoise
+            return images.float().clamp(0, 1)
+        context = self.context(views)
+        x = ddim.add_noise(self.encode(images), t, generator)
+        x0 = ddim.denoise(x, t, self._eps_guided(context, guidance_scale), eta, generator)
+        targets = self.decode(x0)
+        if tuple(targets.shape[-2:]) != tuple(images.shape[-2:]):
+            targets = torch.nn.functional.interpolate(
+                targets, tuple(images.shape[-2:]), mode="bilinear", align_corners=False
+            )
+        return targets
+
+    @_with_cudnn_flags
+    @torch.no_grad()
+    def warmup(self, views: int, extra_views: tuple[int, ...] = ()) -> None:
         """Run every network once at the shapes of a C-view refinement (cuDNN and cuBLAS choices) and
         capture the UNet's CUDA graphs (batches 2C and C), so the first iteration is not slower than
-        the others. No-op on the CPU."""
+        the others; for each C' in ``extra_views`` (stage 2's guided-only refinement) also the UNet at
+        batch 2C' and the VAE at C'. No-op on the CPU."""
         if self.device.type != "cuda":
             return
         C, s = views, self.image_size
         h = s // self.vae_factor
         d = self.nets.camera_projection.out_features
-        for b in (2 * C, C):
-            x = torch.randn(b, 8, h, h, device=self.device, dtype=self.dtype)
-            self.unet(x, 500, torch.randn(b, 1, d, device=self.device, dtype=self.dtype))
-        self.decode(self.encode(torch.rand(C, 3, s, s, device=self.device)))
+        shapes = [(2 * C, C), *((2 * c,) for c in extra_views if c != C)]
+        for batches in shapes:
+            for b in batches:
+                x = torch.randn(b, 8, h, h, device=self.device, dtype=self.dtype)
+                self.unet(x, 500, torch.randn(b, 1, d, device=self.device, dtype=self.dtype))
+        for c in dict.fromkeys((C, *extra_views)):
+            self.decode(self.encode(torch.rand(c, 3, s, s, device=self.device)))
         torch.cuda.synchronize(self.device)
         self.unet.calls = self.unet.samples = 0
         self.codec.nonfinite.zero_()
