@@ -73,6 +73,17 @@ def test_even_orbit_views(count, ref_el):
 
 
 # -------------------------------------------------------------------------------- ground-truth prior
+def test_orbit_views_from_cameras_inverts_cameras():
+    g = torch.Generator().manual_seed(3)
+    views = OrbitViews(-80 + 160 * torch.rand(16, generator=g), -179 + 358 * torch.rand(16, generator=g),
+                       1.0 + 2.0 * torch.rand(16, generator=g))  # fmt: skip
+    back = OrbitViews.from_cameras(views.cameras(49.1, 32, 32))
+    # float32 camera matrices: angles to ~1e-4 degrees, radii to ~1e-6
+    np.testing.assert_allclose(back.elevation_deg.numpy(), views.elevation_deg.numpy(), atol=2e-3)
+    np.testing.assert_allclose(back.azimuth_deg.numpy(), views.azimuth_deg.numpy(), atol=2e-3)
+    np.testing.assert_allclose(back.radius.numpy(), views.radius.numpy(), rtol=1e-5)
+
+
 def test_sir_with_the_ground_truth_prior_drives_the_splat_to_the_targets():
     """Targets = the true views: SIR is plain multi-view reconstruction and must converge.
 
