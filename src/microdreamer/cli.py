@@ -47,6 +47,7 @@ class Command:
     preset: bool = True  # --config YAML
     device: bool = True  # --device
     output_default: str | None = None
+    many: bool = False  # the last positional takes one or more values
 
 
 def _field_flags(prefix: str = "") -> tuple[Flag, ...]:
@@ -126,6 +127,15 @@ COMMANDS = (
         (Flag("--frames", "frames"), Flag("--size", "size"), Flag("--elevation", "elevation_deg")),
         preset=False,
     ),
+    Command(
+        "evaluate",
+        "CLIP similarity of textured meshes to their input image (MicroDreamer's scripts/cal_sim.py)",
+        config.EvaluateConfig,
+        (("assets", "OUT_OR_MESH", "output folders of generate (their mesh.glb) or mesh files"),),
+        ("DIR", True, "output folder: <name>.json and <name>.png per asset, summary.json"),
+        (Flag("--model", "model", "PATH|REPO_ID"), Flag("--views", "views"), Flag("--size", "size")),
+        many=True,
+    ),
 )
 #: arguments that set no config field: (command, flag) -> (argparse keywords, synopsis placeholder)
 EXTRA = {
@@ -137,6 +147,9 @@ EXTRA = {
                                                 "only: the output is noise)"}, "tiny|full"),
     ("generate", "--no-refine"): ({"action": "store_true",
                                    "help": "skip stage 2 (the texture refined against the prior)"}, None),
+    ("evaluate", "--image"): ({"action": "append", "default": [], "metavar": "INPUT",
+                               "help": "the input image: once for all assets, or once per asset in order "
+                                       "(default: each folder's timings.json records it)"}, "INPUT"),
 }  # fmt: skip
 BY_NAME = {c.name: c for c in COMMANDS}
 
@@ -182,8 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in COMMANDS:
         sp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        for dest, metavar, text in cmd.positionals:
-            sp.add_argument(dest, metavar=metavar, help=text)
+        for i, (dest, metavar, text) in enumerate(cmd.positionals):
+            many = cmd.many and i == len(cmd.positionals) - 1
+            sp.add_argument(dest, metavar=metavar, help=text, **({"nargs": "+"} if many else {}))
         metavar, required, text = cmd.output
         if required:
             sp.add_argument("-o", "--output", required=True, metavar=metavar, help=text)
@@ -209,6 +223,8 @@ def synopsis(width: int = 110) -> str:
     lines = []
     for cmd in COMMANDS:
         parts = [meta for _, meta, _ in cmd.positionals]
+        if cmd.many and parts:
+            parts[-1] += "..."
         metavar, required, _ = cmd.output
         parts.append(f"-o {metavar}" if required else f"[-o {cmd.output_default}]")
         for flag in cmd.flags:
@@ -405,6 +421,19 @@ def cmd_render(args: argparse.Namespace) -> None:
     print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")
 
 
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    cfg = job_config(args)
+    from microdreamer.jobs.evaluate import evaluate
+
+    summary = evaluate(args.assets, args.image, args.output, cfg, device=args.device)
+    width = max(len(a["name"]) for a in summary["assets"])
+    for a in summary["assets"]:
+        print(
+            f"{a['name']:<{width}}  CLIP similarity {a['clip_similarity']:.4f}  ({a['mesh']} vs {a['image']})"
+        )
+    print(f"mean of {summary['count']}: {summary['mean']:.4f} ({summary['model']}); wrote {summary['path']}")
+
+
 RUNNERS = {
     "demo": cmd_demo,
     "mesh": cmd_mesh,
@@ -412,6 +441,7 @@ RUNNERS = {
     "reconstruct": cmd_reconstruct,
     "generate": cmd_generate,
     "render": cmd_render,
+    "evaluate": cmd_evaluate,
 }
 
 
