@@ -195,7 +195,8 @@ def refine_texture(
             weight = tgt[:, 3] if tgt.shape[1] == 4 else torch.ones_like(tgt[:, 0])
             pred = lookup(puv)
             loss_terms.append((weight[:, None] * (pred - tgt[:, :3]) ** 2).sum())
-            count += float(weight.sum()) * 3
+            if config.normalize == "covered":  # (a host sync per view: only where it is needed)
+                count += float(weight.sum()) * 3
         if config.normalize == "image":
             count = image_pixels * len(batch)
         if (not loss_terms or count == 0) and fixed is None:
