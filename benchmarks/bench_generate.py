@@ -1,4 +1,5 @@
-"""Benchmark of ``microdreamer generate`` (issue 6's must-show): one image -> splat + mesh, timed.
+"""Benchmark of ``microdreamer generate`` (issues 6 and 23): one image -> splat -> textured mesh -> stage 2
+(the texture refined against the prior, on by default), timed per stage.
 
     python benchmarks/bench_generate.py [--random-weights full|tiny | --model PATH|REPO_ID]
         [--image PATH] [--iters 20] [--repeats 3] [--via-disk DIR] [--json FILE] [--out DIR]
@@ -10,7 +11,8 @@ reported apart. The CUDA extensions (gsplat's rasteriser, our density-field kern
 background threads while the model loads, and are not part of any run. Then :func:`generate` runs
 ``--repeats`` times in this process with that model: run 1 is the first generation after loading (it
 captures the UNet's CUDA graphs in its "warmup" stage), later runs reuse them. Every run writes its
-splat.ply, mesh.glb, views.png and timings.json under ``--out``.
+splat.ply, mesh.glb, views.png and timings.json under ``--out``. The target (issue 23) is <= 7 s after
+load from the second run on, stage 2 included; ``--variants default,no_refine`` also times stage 1 alone.
 
 ``--variants`` sweeps settings in this one process after the one model load: each variant is
 ``+``-joined tokens (:data:`VARIANTS`) applied to the default :class:`GenerateConfig`; the first
@@ -174,16 +176,34 @@ VARIANTS = {
     ),
     "no_cuda_graphs": ("prior.cuda_graphs = False", lambda c: setattr(c.prior, "cuda_graphs", False)),
     "texture_1024_50k": (
-        "texture.size = 1024, texture.max_faces = 50000 (TextureConfig's own defaults)",
-        lambda c: (setattr(c.texture, "size", 1024), setattr(c.texture, "max_faces", 50_000)),
+        "export.texture.size = 1024, export.texture.max_faces = 50000 (TextureConfig's own defaults)",
+        lambda c: (setattr(c.export.texture, "size", 1024), setattr(c.export.texture, "max_faces", 50_000)),
     ),
-    "texture_field": ("texture.mode = 'field'", lambda c: setattr(c.texture, "mode", "field")),
-    "no_texture": ("texture.mode = 'none'", lambda c: setattr(c.texture, "mode", "none")),
+    "upstream_export": (
+        "export.field.resolution = 256, export.texture.size = 1024, export.texture.max_faces = 50000 "
+        "(upstream's 256^3 grid, 50k faces, 1024^2 texture)",
+        lambda c: (
+            setattr(c.export.field, "resolution", 256),
+            setattr(c.export.texture, "size", 1024),
+            setattr(c.export.texture, "max_faces", 50_000),
+        ),
+    ),
+    "texture_field": ("export.texture.mode = 'field'", lambda c: setattr(c.export.texture, "mode", "field")),
+    "no_texture": (
+        "export.texture.mode = 'none' (no stage 2)",
+        lambda c: setattr(c.export.texture, "mode", "none"),
+    ),
     "xatlas_it1": (
-        "texture.chart_iterations = 1 (xatlas's default chart refinement)",
-        lambda c: setattr(c.texture, "chart_iterations", 1),
+        "export.texture.chart_iterations = 1 (xatlas's default chart refinement)",
+        lambda c: setattr(c.export.texture, "chart_iterations", 1),
+    ),
+    "no_refine": (
+        "refine.enabled = False (stage 1 only, --no-refine)",
+        lambda c: setattr(c.refine, "enabled", False),
     ),
 }
+#: seconds after load per generation, stage 2 included (issue 23; stage 1 alone was 6 s in issue 6)
+TARGET_S = 7.0
 #: the prior settings that need a new prior (and new CUDA graphs) when they change
 PRIOR_KEYS = (
     "cuda_graphs",
@@ -201,6 +221,7 @@ def variant_config(name: str, args) -> GenerateConfig:
     if args.size is not None:  # smaller images (CPU smoke runs); the prior resizes to its own size
         cfg.image.size = cfg.sir.image_size = cfg.sir.white_check_size = cfg.views_size = args.size
         cfg.prior.image_size = args.size
+        cfg.refine.size = 2 * args.size  # stage 2 renders at twice the image side (512 for 256)
     cfg.sir.iterations = args.iters
     cfg.sir.seed = args.seed
     if args.no_cuda_graphs:
@@ -301,7 +322,7 @@ def main() -> None:
     if isinstance(compile_s.get("field_kernels"), str):
         import microdreamer.field as field_mod
 
-        field_mod.resolve_backend = lambda backend, device: "torch"
+        field_mod._field_backend = lambda backend, device: "torch"
         backends["field"] = "torch (the field kernels failed to compile)"
 
     result = {
@@ -337,10 +358,13 @@ def main() -> None:
             "sets": [VARIANTS[tok][0] for tok in name.split("+")],
             "prior": {k: getattr(cfg.prior, k) for k in PRIOR_KEYS},
             "texture": {
-                "mode": cfg.texture.mode,
-                "size": cfg.texture.size,
-                "max_faces": cfg.texture.max_faces,
+                "mode": cfg.export.texture.mode,
+                "size": cfg.export.texture.size,
+                "max_faces": cfg.export.texture.max_faces,
             },
+            "field_resolution": cfg.export.field.resolution,
+            "iso_level": cfg.export.mesh.threshold,
+            "stage2": cfg.refine.enabled,
             "new_prior": fresh_prior,
             "runs": [],
         }
@@ -368,6 +392,7 @@ def main() -> None:
                     "mesh_vertices": res["mesh_vertices"],
                     "mesh_faces": res["mesh_faces"],
                     "prior_stats": res["prior_stats"],
+                    "refine": res["refine"],
                     "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30
                     if device.type == "cuda"
                     else None,
@@ -385,9 +410,9 @@ def main() -> None:
             "first_run_seconds_after_load": walls[0],
             "median_seconds_after_load_excluding_capture_run": statistics.median(later),
             "min_seconds_after_load": min(walls),
-            "target_seconds": 6.0,
-            "meets_target_every_run": all(w <= 6.0 for w in walls),
-            "meets_target_after_capture_run": all(w <= 6.0 for w in later),
+            "target_seconds": TARGET_S,
+            "meets_target_every_run": all(w <= TARGET_S for w in walls),
+            "meets_target_after_capture_run": all(w <= TARGET_S for w in later),
         }
         fresh_prior = False
         if entry["new_prior"]:
@@ -411,7 +436,7 @@ def main() -> None:
 
     print(f"\nmicrodreamer generate, {result['model']}, {result['dtype']}, {args.iters} iterations")
     print(f"hardware: {result['hardware'].get('gpu', 'cpu')}; model load {load_s:.1f} s; compile {compile_s}")
-    stages = ["diffusion", "reconstruction", "mesh", "other"]
+    stages = ["diffusion", "reconstruction", "mesh", "refine", "other"]
     print(
         f"{'variant':<40} {'run':>3} {'after load':>10} "
         + " ".join(f"{n:>14}" for n in stages)

@@ -237,6 +237,55 @@ def test_refine_gives_targets_of_the_right_shape_and_range(tiny_prior):
     assert torch.equal(tiny_prior.refine(renders, views, 1e-4), renders)
 
 
+def test_strength_start_is_upstreams_index_into_the_descending_grid():
+    """MicroDreamer's stage 2: ``timesteps[int(steps * strength)]``; 0.8 of 50 steps starts at 181."""
+    dd = DDIMRoundTrip(DDIMConfig(num_inference_steps=50))
+    assert dd.timesteps[:2] == [981, 961] and dd.timesteps[-1] == 1
+    assert dd.strength_start(0.8) == 181 == dd.timesteps[40]
+    assert dd.strength_start(0.0) == 981  # the whole grid
+    assert dd.strength_start(0.97) == 21 and dd.strength_start(0.99) == 1  # int(48.5), int(49.5)
+    assert dd.strength_start(1.0) is None  # nothing left
+    assert DDIMRoundTrip().strength_start(0.8) == 151  # SIR's 20-step grid: index 16
+    with pytest.raises(ValueError, match="strength"):
+        dd.strength_start(1.5)
+
+
+def test_strength_refine_is_upstreams_loop_on_diffusers_scheduler(tiny_prior):
+    """Against the loop of MicroDreamer's ``Zero123.refine`` written on diffusers' DDIMScheduler (50
+    steps, ``add_noise`` at ``timesteps[40]``, then ``step`` through ``timesteps[40:]``, eta 0) with the
+    prior's guided prediction at scale 2: the same latents to the last bit, 10 UNet calls of batch 2C."""
+    from diffusers import DDIMScheduler
+
+    views = _views(3)
+    g = torch.Generator().manual_seed(8)
+    renders = torch.rand(3, 3, SIZE, SIZE, generator=g)
+    sched = DDIMScheduler(**DDIMConfig().scheduler_kwargs())
+    sched.set_timesteps(50)
+    with torch.no_grad():
+        lat = tiny_prior.encode(renders)
+        noise = torch.randn(lat.shape, generator=torch.Generator().manual_seed(4))
+        x = sched.add_noise(lat, noise, sched.timesteps[40:41])
+        eps = tiny_prior._eps_guided(tiny_prior.context(views), 2.0)
+        for t in sched.timesteps[40:]:
+            x = sched.step(eps(x, int(t)), t, x).prev_sample
+        want = tiny_prior.decode(x)
+    calls0, samples0 = tiny_prior.unet.calls, tiny_prior.unet.samples
+    got = tiny_prior.strength_refine(renders, views, 0.8, torch.Generator().manual_seed(4))
+    assert (tiny_prior.unet.calls - calls0, tiny_prior.unet.samples - samples0) == (10, 10 * 2 * 3)
+    assert torch.equal(got, want)
+    assert got.shape == renders.shape and got.min() >= 0 and got.max() <= 1
+    # the guidance scale is used; SIR's config (scale 3, 20 steps) is not touched
+    other = tiny_prior.strength_refine(
+        renders, views, 0.8, torch.Generator().manual_seed(4), guidance_scale=3.0
+    )
+    assert not torch.equal(other, got)
+    assert tiny_prior.config.guidance_scale == 3.0 and tiny_prior.ddim.timesteps[0] == 951
+    # other sizes are resized in and out; strength 1 leaves nothing to denoise
+    small = tiny_prior.strength_refine(renders[:, :, ::2, ::2], views, 0.8, torch.Generator().manual_seed(4))
+    assert small.shape == (3, 3, SIZE // 2, SIZE // 2)
+    assert torch.equal(tiny_prior.strength_refine(renders, views, 1.0), renders)
+
+
 def test_refine_before_set_reference_is_an_error():
     prior = Zero123Prior(build_random_zero123("tiny"), Zero123Config(image_size=SIZE))
     with pytest.raises(RuntimeError, match="set_reference"):

@@ -450,6 +450,55 @@ def test_refine_moves_the_texture_towards_the_targets():
         refine_texture(Mesh(gt.vertices, gt.faces), targets, config)
 
 
+@pytest.mark.parametrize("normalize", ["covered", "image"])
+def test_refine_loss_normalisations_match_hand_computed_means(normalize):
+    """First step's loss: the squared error summed over the covered pixels of all views, divided by the
+    covered pixels (x 3) or by every pixel of the images (C H W 3, stage 2's whole-image MSE)."""
+    from microdreamer.render.mesh import render_mesh
+
+    gt = position_colored_sphere(2)
+    layout = unwrap(Mesh(gt.vertices, gt.faces), max_faces=None, texture_size=32)
+    start = layout.with_texture(np.full((32, 32, 3), 100, np.uint8))
+    cams = orbit_cameras([0.0, 20.0, -30.0], [0.0, 120.0, 250.0], 2.0, 49.1, 24, 24)
+    want = render_mesh(gt, cams, background=(0.0, 0.0, 0.0)).rgb
+
+    config = RefineConfig(steps=1, views=3, batch=3, size=24, normalize=normalize)
+    _, stats = refine_texture(start, lambda c: render_mesh(gt, c, background=(0.0, 0.0, 0.0)).rgb, config,
+                              cameras=cams)  # fmt: skip
+    got = render_mesh(start, cams)
+    err = (((got.rgb - want) ** 2) * got.alpha).sum()
+    den = 3 * got.alpha.sum() if normalize == "covered" else 3 * 3 * 24 * 24
+    assert stats["loss_first"] == pytest.approx(float(err / den), rel=1e-5)
+
+
+def test_refine_on_logits_with_an_anchor_moves_both_to_their_targets():
+    """Adam on the texels' logits (stage 2's parametrization): the pool's views and a fixed anchor view
+    (its own target and weight) both get closer; texels stay in [0, 1] without clamping."""
+    from microdreamer.render.mesh import render_mesh
+    from microdreamer.texture.refine import RefineAnchor
+
+    gt = position_colored_sphere(3)
+    layout = unwrap(Mesh(gt.vertices, gt.faces), max_faces=None, texture_size=64)
+    start = layout.with_texture(np.full((64, 64, 3), 128, np.uint8))
+    pool = orbit_cameras([0.0, 0.0, 0.0], [90.0, 180.0, 270.0], 2.0, 49.1, 32, 32)
+    front = orbit_cameras([0.0], [0.0], 2.0, 49.1, 32, 32)
+    target_front = render_mesh(gt, front, background=(1.0, 1.0, 1.0)).rgb[0]
+    anchor = RefineAnchor(front, target_front, weight=1.0)
+    config = RefineConfig(
+        steps=30, lr=0.2, views=3, batch=3, size=32, parametrization="logit", normalize="image"
+    )
+    refined, stats = refine_texture(
+        start, lambda c: render_mesh(gt, c).rgb, config, cameras=pool, anchor=anchor
+    )
+    assert stats["loss_last"] < 0.3 * stats["loss_first"]
+    for cams in (pool, front):
+        want = render_mesh(gt, cams)
+        before = masked_psnr(render_mesh(start, cams).rgb, want.rgb, want.alpha)
+        after = masked_psnr(render_mesh(refined, cams).rgb, want.rgb, want.alpha)
+        assert after > before + 5.0
+    np.testing.assert_array_equal(refined.uv, start.uv)
+
+
 def test_orbit_helpers_agree_with_cameras_module():
     # bake cameras around the origin with margin chosen to give radius 2 are plain orbit cameras
     radius = 2.0 * math.sin(math.radians(49.1) / 2)

@@ -181,6 +181,15 @@ COMMANDS = (
         (Flag("--texture", "texture.mode"),),
         output_default="out/profile",
     ),
+    Command(
+        "evaluate",
+        "CLIP similarity of textured meshes to their input image (MicroDreamer's scripts/cal_sim.py)",
+        config.EvaluateConfig,
+        (("assets", "OUT_OR_MESH...", "output folders of generate (their mesh.glb) or mesh files", "+"),),
+        ("DIR", True, "output folder: <name>.json and <name>.png per asset, summary.json"),
+        (Flag("--model", "model", "PATH|REPO_ID"), Flag("--views", "views"), Flag("--size", "size")),
+        preset=False,
+    ),
 )
 #: arguments that set no config field: (command, flag) -> (argparse keywords, synopsis placeholder)
 EXTRA = {
@@ -219,6 +228,11 @@ EXTRA = {
                            "help": "batches: run on the existing Ray cluster at ADDR (host:port or auto); "
                                    "--workers defaults to its GPUs"}, "ADDR"),
     }.items()},
+    ("generate", "--no-refine"): ({"action": "store_true",
+                                   "help": "skip stage 2 (the texture refined against the prior)"}, None),
+    ("evaluate", "--image"): ({"action": "append", "default": [], "metavar": "INPUT",
+                               "help": "the input image: once for all assets, or once per asset in order "
+                                       "(default: each folder's timings.json records it)"}, "INPUT"),
 }  # fmt: skip
 BY_NAME = {c.name: c for c in COMMANDS}
 
@@ -557,6 +571,8 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
 
     mode = generation_mode(sources[0] if sources else None, args.prompt)
     cfg = job_config(args, base=default_config(mode))
+    if args.no_refine:
+        cfg = config.replace_path(cfg, "refine.enabled", False)
     if args.random_weights:
         print(f"WARNING: --random-weights {args.random_weights}: the diffusion model has RANDOM weights; "
               "the output is noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip
@@ -684,6 +700,19 @@ def cmd_profile(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'scaling.json'}, {png}")
 
 
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    cfg = job_config(args)
+    from microdreamer.jobs.evaluate import evaluate
+
+    summary = evaluate(args.assets, args.image, args.output, cfg, device=args.device)
+    width = max(len(a["name"]) for a in summary["assets"])
+    for a in summary["assets"]:
+        print(
+            f"{a['name']:<{width}}  CLIP similarity {a['clip_similarity']:.4f}  ({a['mesh']} vs {a['image']})"
+        )
+    print(f"mean of {summary['count']}: {summary['mean']:.4f} ({summary['model']}); wrote {summary['path']}")
+
+
 RUNNERS = {
     "demo": cmd_demo,
     "mesh": cmd_mesh,
@@ -693,6 +722,7 @@ RUNNERS = {
     "render": cmd_render,
     "view": cmd_view,
     "profile": cmd_profile,
+    "evaluate": cmd_evaluate,
 }
 
 

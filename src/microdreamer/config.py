@@ -2,8 +2,8 @@
 
 One dataclass per component (the stage modules re-export theirs: ``microdreamer.field.FieldConfig`` is
 :class:`FieldConfig`), composed into one config per job (:class:`ExportConfig` for ``mesh``,
-:class:`ReconstructJobConfig`, :class:`GenerateConfig`, :class:`DemoConfig`, :class:`ViewsConfig`,
-:class:`TurntableConfig`). Defaults are the paper's settings (MicroDreamer / DreamGaussian) unless a field
+:class:`ReconstructJobConfig`, :class:`GenerateConfig`, :class:`EvaluateConfig`, :class:`DemoConfig`,
+:class:`ViewsConfig`, :class:`TurntableConfig`). Defaults are the paper's settings (MicroDreamer / DreamGaussian) unless a field
 says otherwise. This module imports neither torch nor NumPy, so the command line can build, validate and
 print configs before any heavy import.
 
@@ -314,6 +314,10 @@ class BakeConfig(Config):
         self.choose("backend", RENDER_BACKENDS)
 
 
+REFINE_PARAMETRIZATIONS = ("texel", "logit")
+REFINE_NORMALIZATIONS = ("covered", "image")
+
+
 @dataclass
 class RefineConfig(Config):
     """Stage-2 texture refinement against target images (:mod:`microdreamer.texture.refine`).
@@ -328,6 +332,12 @@ class RefineConfig(Config):
         fovy_deg, margin: framing, as in the bake (see :class:`BakeViewsConfig`).
         cache_targets: compute each pool view's targets once (True) or call the target function per batch.
         seed: seeds the pool's view directions and the batch order.
+        parametrization: what Adam updates: ``"texel"`` the texel values (clamped to [0, 1] after each
+            step) or ``"logit"`` their logits, looked up bilinearly and passed through a sigmoid
+            (DreamGaussian/MicroDreamer's stage-2 ``raw_albedo``).
+        normalize: the mean of the squared error: ``"covered"`` over the covered pixels (weighted), or
+            ``"image"`` over every pixel of the batch's images (C H W 3: PyTorch's ``mse_loss`` of whole
+            renders, MicroDreamer's stage 2; pixels outside the mesh add no gradient).
     """
 
     steps: int = setting(0, "stage-2 texture refinement steps against the splat's renders (0: off)")
@@ -340,12 +350,16 @@ class RefineConfig(Config):
     margin: float = 1.05
     cache_targets: bool = True
     seed: int = 0
+    parametrization: str = "texel"
+    normalize: str = "covered"
 
     def validate(self) -> None:
         self.require("steps", self.steps >= 0, "must be 0 or more steps")
         self.require("lr", self.lr > 0, "must be positive")
         self.require("views", self.views >= 1, "must be at least 1")
         self.require("batch", self.batch >= 1, "must be at least 1")
+        self.choose("parametrization", REFINE_PARAMETRIZATIONS)
+        self.choose("normalize", REFINE_NORMALIZATIONS)
 
 
 TEXTURE_MODES = ("bake", "field", "none")
@@ -772,6 +786,80 @@ class ImageDreamConfig(MVDreamConfig):
     ddim: DDIMConfig = dataclasses.field(default_factory=_ddim(10))
 
 
+@dataclass
+class Stage2Config(Config):
+    """MicroDreamer's stage 2 (its ``main2.py``): the stage-1 textured mesh's texture refined against
+    Zero123 (:func:`microdreamer.texture.refine.refine_with_prior`). The defaults are upstream's.
+
+    Each of ``iterations`` iterations renders ``views`` views of ``size``^2 at azimuths 360 / views apart
+    from a random start, refines each render once with the prior (noise to the grid timestep at index
+    ``int(ddim_steps * strength)`` of a ``ddim_steps``-step DDIM grid, then the DDIM steps left: the
+    last 10 of 50, t = 181 -> 0, with classifier-free guidance ``guidance_scale``, conditioned on the
+    input image and the views' cameras relative to it), then takes ``steps`` Adam steps on the texture
+    alone (geometry fixed) against ``lambda_views`` x the MSE to those targets plus ``lambda_ref`` x the
+    MSE to the input image at the input view (on the pixels whose normal faces that camera, cosine >
+    ``ref_min_cos``).
+
+    Attributes:
+        enabled: run stage 2 (``--no-refine`` turns it off).
+        iterations: upstream's ``iters_refine``.
+        views: views per iteration (upstream's ``batch_size``).
+        size: side of their renders (upstream's ``render_resolution``).
+        elevation_deg: absolute elevation of the views; upstream renders at ``opt.elevation + ver``
+            with ``ver = -opt.elevation``: level views, 0, whatever the input's elevation. None: the
+            input's elevation.
+        strength: upstream's ``strength``: the fraction of the DDIM grid skipped (0.8: start at step 40
+            of 50); NOT diffusers' img2img strength (which is the fraction run).
+        ddim_steps: steps of the DDIM grid (upstream's ``steps``).
+        guidance_scale: classifier-free guidance of the denoising (upstream's default 2).
+        eta: DDIM eta of the denoising (upstream: the scheduler's default, 0).
+        steps: Adam steps on the texture per iteration (upstream's ``recon_steps``).
+        lr: Adam's learning rate on the texture's logits (upstream's ``texture_lr``).
+        lambda_views: weight of the novel views' MSE (upstream's ``lambda_zero123``).
+        lambda_ref: weight of the input view's MSE (upstream: 1).
+        ref_min_cos: the input view's loss counts the pixels whose normal's cosine with the camera
+            axis is above this (upstream: 0.5).
+    """
+
+    enabled: bool = True
+    iterations: int = 1
+    views: int = 8
+    size: int = 512
+    elevation_deg: float | None = 0.0
+    strength: float = 0.8
+    ddim_steps: int = 50
+    guidance_scale: float = 2.0
+    eta: float = 0.0
+    steps: int = 30
+    lr: float = 0.2
+    lambda_views: float = 1.0
+    lambda_ref: float = 1.0
+    ref_min_cos: float = 0.5
+
+    def validate(self) -> None:
+        self.require("iterations", self.iterations >= 0, "must be 0 or more")
+        self.require("views", self.views >= 1, "must be at least 1")
+        self.require("size", self.size >= 8, "must be at least 8 pixels")
+        self.require("strength", 0.0 <= self.strength <= 1.0, "must be in [0, 1]")
+        self.require("ddim_steps", 1 <= self.ddim_steps <= 1000, "must be in 1..1000")
+        self.require("eta", self.eta >= 0.0, "must be 0 or more")
+        self.require("steps", self.steps >= 0, "must be 0 or more")
+        self.require("lr", self.lr > 0, "must be positive")
+        self.require("lambda_views", self.lambda_views >= 0, "must be 0 or more")
+        self.require("lambda_ref", self.lambda_ref >= 0, "must be 0 or more")
+        self.require("ref_min_cos", -1.0 <= self.ref_min_cos < 1.0, "must be in [-1, 1)")
+        if self.elevation_deg is not None:
+            self.require(
+                "elevation_deg", -90.0 < self.elevation_deg < 90.0, "must be between -90 and 90 degrees"
+            )
+
+    def texture_refine(self, seed: int = 0) -> RefineConfig:
+        """The :class:`RefineConfig` of one iteration: all ``views`` per step, targets computed once,
+        Adam on logits, the MSE over whole images (upstream's)."""
+        return RefineConfig(steps=self.steps, lr=self.lr, views=self.views, batch=self.views, size=self.size,
+                            cache_targets=True, seed=seed, parametrization="logit", normalize="image")  # fmt: skip
+
+
 MASK_METHODS = ("auto", "alpha", "rembg", "grabcut")
 
 
@@ -848,13 +936,16 @@ class ReconstructJobConfig(Config):
 
 
 def _generate_export() -> ExportConfig:
-    """generate's export: a 512^2 atlas baked from splat renders onto the mesh capped at 10k faces. The cap
+    """generate's export: MicroDreamer's iso-level ``density_thresh`` 0.2 (``configs/image_sai.yaml``; see
+    :class:`ReconstructJobConfig` for why a reconstructed surface needs it), and a 512^2 atlas baked from splat renders onto the mesh capped at 10k faces. The cap
     bounds xatlas (single-threaded, superlinear in faces: 0.5 s at 5k, 1 s at 10k, 4.7 s at 20k, 16 s at
     50k faces of a smooth mesh on the 2-core dev CPU; on the H200 host, the random model's noise mesh: ~2 s
     at 10k, 19 s at 50k); 512^2 texels suit views made at 256^2. xatlas runs without chart refinement
     (``chart_iterations=0``): on a noisy 10k-face mesh of this dev CPU 0.44 s instead of 2.97 s, on a
     smooth one 0.61 s instead of 0.88 s, for ~20 % more charts."""
-    return ExportConfig(texture=TextureConfig(size=512, max_faces=10_000, chart_iterations=0))
+    return ExportConfig(
+        mesh=MeshConfig(threshold=0.2), texture=TextureConfig(size=512, max_faces=10_000, chart_iterations=0)
+    )
 
 
 RANDOM_WEIGHTS = ("tiny", "full")
@@ -877,6 +968,8 @@ class GenerateConfig(Config):
         negative_prompt: the MVDream-family priors' negative prompt (None: the prior config's).
         sir: score-based iterative reconstruction (iterations, views, losses, training, seed).
         export: the mesh export (field, mesh, texture; ``texture.mode = "none"`` exports it untextured).
+        refine: stage 2, the texture refined against the prior before the mesh is written (on by default,
+            as upstream's ``scripts/run_sai.sh`` runs it; skipped for an untextured export).
         elevation_deg: elevation of the input image's camera (MicroDreamer's sign: negative = above).
         views_size: side of each of the 8 preview renders in views.png.
         warmup: before the SIR loop, capture the prior's CUDA graphs (timed as its own stage).
@@ -890,6 +983,7 @@ class GenerateConfig(Config):
                                           "MicroDreamer's list of defects)")  # fmt: skip
     sir: SIRConfig = dataclasses.field(default_factory=SIRConfig)
     export: ExportConfig = dataclasses.field(default_factory=_generate_export)
+    refine: Stage2Config = dataclasses.field(default_factory=Stage2Config)
     elevation_deg: float = setting(0.0, "elevation of the input view in degrees (MicroDreamer's sign: "
                                    "negative = from above)")  # fmt: skip
     views_size: int = 256
@@ -901,6 +995,57 @@ class GenerateConfig(Config):
         if self.image.size != self.sir.image_size:
             raise ConfigError("GenerateConfig", "image.size", self.image.size,
                               f"differs from sir.image_size ({self.sir.image_size}); set both to one size")  # fmt: skip
+
+
+DEFAULT_CLIP = "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k"
+
+
+@dataclass
+class EvaluateConfig(Config):
+    """``microdreamer evaluate``: the CLIP similarity of textured meshes to their input image, as
+    MicroDreamer's ``scripts/cal_sim.py`` computes it (:func:`microdreamer.jobs.evaluate.evaluate`).
+
+    The mesh is centred on its bounding box's centre and scaled so that its longest side is ``2 *
+    bound`` (kiui's ``Mesh.load``, which ``cal_sim.py`` uses), rendered unlit (its texture or colours)
+    on white from ``views`` azimuths 0, 360 / views, ... at ``elevation_deg``, each image is embedded
+    with CLIP's image encoder (``get_image_features``, normalised), and the similarity is the mean
+    cosine with the input image's embedding (the input composited on white).
+
+    Attributes:
+        model: a transformers-format CLIP folder or a repo id in the local Hugging Face cache
+            (upstream's ``clip_sim.py``: ``laion/CLIP-ViT-bigG-14-laion2B-39B-b160k``).
+        hf_cache_dir: the Hugging Face cache to look repo ids up in (None: the default one).
+        views: renders per asset (upstream's ``num_azimuth``).
+        size: their side in pixels (upstream's ``W``, ``H``).
+        elevation_deg: their elevation (MicroDreamer's sign: negative = above).
+        radius: camera distance (upstream's ``radius``).
+        fovy_deg: vertical field of view (upstream's ``fovy``).
+        bound: the mesh is scaled into [-bound, bound]^3.
+        ssaa: supersampling per axis of the renders (edges antialiased, as nvdiffrast's ``antialias``).
+        dtype: "auto" (float32: upstream's), "float16", "bfloat16" or "float32".
+    """
+
+    model: str = setting(DEFAULT_CLIP, "CLIP model: a transformers-format folder or a repo id in the local "
+                         "Hugging Face cache")  # fmt: skip
+    hf_cache_dir: str | None = None
+    views: int = setting(8, "renders per asset, azimuths evenly spaced from 0")
+    size: int = setting(512, "render size in pixels")
+    elevation_deg: float = setting(0.0, "render elevation in degrees (negative = from above)")
+    radius: float = 3.0
+    fovy_deg: float = 49.0
+    bound: float = 0.9
+    ssaa: int = 2
+    dtype: str = "auto"
+
+    def validate(self) -> None:
+        self.require("views", self.views >= 1, "must be at least 1")
+        self.require("size", 16 <= self.size <= 4096, "must be between 16 and 4096 pixels")
+        self.require("elevation_deg", -90.0 < self.elevation_deg < 90.0, "must be between -90 and 90 degrees")
+        self.require("radius", self.radius > 0, "must be positive")
+        self.require("fovy_deg", 0.0 < self.fovy_deg < 180.0, "must be in (0, 180)")
+        self.require("bound", self.bound > 0, "must be positive")
+        self.require("ssaa", self.ssaa >= 1, "must be at least 1")
+        self.choose("dtype", DTYPES)
 
 
 def _demo_export() -> ExportConfig:

@@ -112,6 +112,7 @@ def export_mesh(
     progress: Callable[[float], None] | None = None,
     name: str = "splat",
     texture_progress: bool = False,
+    post_texture: Callable[[Mesh], Mesh] | None = None,
 ) -> ExportResult:
     """Mesh ``splat`` and write it to ``path`` (.glb, .obj or .ply, atomically), textured unless
     ``config.texture.mode == "none"``; stages ``field``, ``mesh``, ``texture`` and ``export`` on ``timer``.
@@ -125,6 +126,8 @@ def export_mesh(
         progress: ``progress(fraction)`` of the density field.
         name: how messages name the splat.
         texture_progress: progress bars of the texture bake.
+        post_texture: applied to the textured mesh before it is written (generate's stage 2, which
+            times itself); not called for an untextured export.
     """
     from microdreamer.texture import texture_mesh
 
@@ -136,6 +139,8 @@ def export_mesh(
         with timer.stage("texture"):
             textured = texture_mesh(mesh, splat, config.texture, device=device, progress=texture_progress)
             mesh, texture_stats = textured.mesh, textured.stats
+        if post_texture is not None:
+            mesh = post_texture(mesh)
     with timer.stage("export"):
         written = save_mesh(mesh, path)
     return ExportResult(written, mesh, conv, texture_stats)

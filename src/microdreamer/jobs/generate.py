@@ -1,11 +1,14 @@
-"""Image-to-3D (``microdreamer generate``): input preparation -> Zero123 prior -> SIR -> splat -> mesh.
+"""Image-to-3D (``microdreamer generate``): input preparation -> Zero123 prior -> SIR -> splat -> mesh
+-> texture -> stage 2 (the texture refined against the prior) -> file.
 
 :func:`generate` is the stage function the CLI calls. It writes, each file atomically::
 
     OUT/splat.ply      the Gaussians (INRIA 3DGS layout)
-    OUT/mesh.glb       the mesh extracted from them (density field -> marching cubes)
+    OUT/mesh.glb       the mesh extracted from them (density field -> marching cubes), its texture baked
+                       from the splat and refined by stage 2 (MicroDreamer's ``main2.py``;
+                       ``GenerateConfig.refine``, ``--no-refine`` skips it)
     OUT/views.png      the splat from 8 azimuths at the input's elevation (4 x 2 grid)
-    OUT/timings.json   seconds per stage, grouped as diffusion / reconstruction / mesh, and counters
+    OUT/timings.json   seconds per stage, grouped as diffusion / reconstruction / mesh / refine, and counters
 
 CPU-side work overlaps GPU work where the data allow it: the modules of the export stages are
 imported in a background thread while the prior runs (the first generation in a process otherwise
@@ -19,6 +22,7 @@ weights (:mod:`microdreamer.priors.factory`): for timing and plumbing only, its 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -64,6 +68,7 @@ STAGE_GROUPS = {
     "diffusion": ("embed", "warmup", "diffusion"),
     "reconstruction": ("render", "reconstruction", "prune"),
     "mesh": ("field", "mesh", "texture", "export"),
+    "refine": ("refine",),
     "other": ("prepare", "views", "join_writes"),
 }
 
@@ -201,8 +206,8 @@ def generate(
 
     Returns:
         {"splat", "mesh", "views", "timings"}: the written paths, plus "seconds" (per stage),
-        "stages" (diffusion / reconstruction / mesh), "seconds_after_load", "num_gaussians",
-        "mesh_vertices", "mesh_faces", "prior_stats".
+        "stages" (diffusion / reconstruction / mesh / refine / other), "seconds_after_load",
+        "num_gaussians", "mesh_vertices", "mesh_faces", "prior_stats", "refine" (stage 2's stats).
 
     Raises:
         InputError: bad image, missing model, unusable settings (one line each).
@@ -230,9 +235,15 @@ def generate(
     if prompt is not None and hasattr(prior, "set_prompt"):
         with timer.stage("embed"):
             prior.set_prompt(prompt, config.negative_prompt)
+    # stage 2 refines Zero123's image-to-3D texture; the MVDream-family modes have no stage 2
+    stage2 = (mode == "image" and config.refine.enabled and config.refine.iterations > 0
+              and config.export.texture.mode != "none")  # fmt: skip
     if config.warmup and hasattr(prior, "warmup"):
         with timer.stage("warmup"):
-            prior.warmup(config.sir.views)
+            if stage2 and "extra_views" in inspect.signature(prior.warmup).parameters:
+                prior.warmup(config.sir.views, extra_views=(config.refine.views,))
+            else:
+                prior.warmup(config.sir.views)
     # MVDream's and ImageDream's front view is our azimuth 90 (MicroDreamer: "the second view is the front")
     front = 0.0 if mode == "image" else FRONT_AZIMUTH_DEG
     reference = None
@@ -258,13 +269,27 @@ def generate(
         background_seconds.update(export_splat=t1 - t0, views_png=time.perf_counter() - t1)
         return splat_file, views_file
 
+    refine_stats: dict = {"enabled": False}
+    post_texture = None
+    if stage2:
+
+        def post_texture(textured):
+            from microdreamer.texture.refine import refine_with_prior
+
+            with timer.stage("refine"):
+                refined, stats = refine_with_prior(textured, prior, reference, config.refine, device,
+                                                   config.sir.seed, config.sir.fovy_deg)  # fmt: skip
+            refine_stats.update(enabled=True, **stats)
+            return refined
+
     # the splat and the views are written in the shadow of the mesh stage; leaving the block waits for
     # them, also when the mesh stage fails
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="microdreamer-write") as pool:
         writer = pool.submit(write_splat_and_views)
         exported = export_mesh(
-            splat, out / "mesh.glb", config.export, device, timer=timer, name=str(image_path)
-        )
+            splat, out / "mesh.glb", config.export, device, timer=timer, name=str(image_path),
+            post_texture=post_texture,
+        )  # fmt: skip
         mesh, mesh_path, texture_stats = exported.mesh, exported.path, exported.texture_stats
         with timer.stage("join_writes"):  # waiting for the background writes, if they are still running
             splat_path, views_path = writer.result()
@@ -296,7 +321,7 @@ def generate(
         "pruned": result.pruned,
         "mesh_vertices": int(mesh.num_vertices),
         "mesh_faces": int(mesh.num_faces),
-        "prior_stats": result.prior_stats,
+        "prior_stats": prior.stats() if refine_stats["enabled"] else result.prior_stats,  # SIR + stage 2
         "background_seconds": background_seconds,
         "texture": {
             k: v
@@ -304,6 +329,7 @@ def generate(
             if k in ("mode", "size", "faces_in", "faces", "charts", "seconds")
         },
         "loss_history": [h["loss"] for h in result.history],
+        "refine": refine_stats,
     }
     timings_path = out / "timings.json"
     with atomic_path(timings_path) as tmp:

@@ -51,6 +51,16 @@ class OrbitViews:
         return OrbitViews(self.elevation_deg[index], self.azimuth_deg[index], self.radius[index])
 
     @staticmethod
+    def from_cameras(cameras: Cameras) -> OrbitViews:
+        """The angles of cameras on an orbit around the origin (the inverse of :meth:`cameras`; an
+        azimuth comes back in (-180, 180])."""
+        c = cameras.camera_centers().detach().double().cpu()  # [C, 3]
+        r = c.norm(dim=-1)
+        el = -torch.rad2deg(torch.asin((c[:, 1] / r.clamp_min(1e-12)).clamp(-1.0, 1.0)))
+        az = torch.rad2deg(torch.atan2(c[:, 0], c[:, 2]))
+        return OrbitViews(el.float(), az.float(), r.float())
+
+    @staticmethod
     def cat(views: list[OrbitViews]) -> OrbitViews:
         return OrbitViews(
             torch.cat([v.elevation_deg for v in views]),
@@ -175,6 +185,30 @@ class Prior(abc.ABC):
         Returns:
             [C, 3, H, W] float32 targets in [0, 1], on the images' (or the prior's) device.
         """
+
+    def strength_refine(
+        self,
+        images: torch.Tensor,
+        views: OrbitViews,
+        strength: float = 0.8,
+        generator: torch.Generator | None = None,
+        **settings,
+    ) -> torch.Tensor:
+        """Refine renders as MicroDreamer's stage 2 does (``strength`` of a DDIM schedule, see
+        :meth:`microdreamer.priors.ddim.DDIMRoundTrip.strength_start`).
+
+        Args:
+            images: [C, 3, H, W] float in [0, 1], renders from ``views`` on white.
+            views: the C views' angles.
+            strength: the fraction of the DDIM grid skipped (0.8: the last 20% is run).
+            generator: randomness of the noise (on the prior's device).
+            settings: the prior's own settings (Zero123: ``steps``, ``guidance_scale``, ``eta``).
+
+        Returns:
+            [C, 3, H, W] float32 targets in [0, 1]. This default, for priors without such a schedule,
+            is :meth:`refine` with ``t_stop = 1 - strength``.
+        """
+        return self.refine(images, views, 1.0 - strength, generator)
 
     def stats(self) -> dict:
         """Counters for reports (e.g. network evaluations); empty by default."""

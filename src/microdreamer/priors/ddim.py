@@ -11,7 +11,10 @@ only chooses the timesteps and runs the loops. What is ours:
   at ``(x_a, a)`` (the noise level the latents actually have) and applies diffusers' inverse step,
   the exact algebraic inverse of the denoising step ``b -> a`` given the same noise prediction;
 * the variance noise of eta > 0 steps is drawn from our generator and handed to diffusers
-  (``variance_noise``), so one seed gives one result on any device.
+  (``variance_noise``), so one seed gives one result on any device;
+* :meth:`DDIMRoundTrip.strength_start` is MicroDreamer's stage-2 "strength" (``guidance/zero123_utils.py``
+  ``refine``): the index ``int(steps * strength)`` into the descending grid, so strength 0.8 of 50 steps
+  noises to the grid's 41st timestep (181) and denoises through the last 10.
 
 Latents are float32 here whatever the network's precision; the noise predictor casts.
 """
@@ -57,6 +60,19 @@ class DDIMRoundTrip:
         """The largest grid timestep <= t (t in timestep units), or None when t is below the grid."""
         below = [g for g in self.timesteps if g <= t]
         return max(below) if below else None
+
+    def strength_start(self, strength: float) -> int | None:
+        """The grid timestep a "strength" refinement starts at: ``timesteps[int(steps * strength)]``
+        (``strength`` is the fraction of the descending grid skipped, MicroDreamer's stage-2 rule);
+        None when that index is past the grid (strength 1: nothing to denoise).
+
+        Raises:
+            ValueError: strength outside [0, 1].
+        """
+        if not 0.0 <= strength <= 1.0:
+            raise ValueError(f"strength must be in [0, 1], got {strength}")
+        index = int(self.config.num_inference_steps * strength)
+        return self.timesteps[index] if index < len(self.timesteps) else None
 
     def add_noise(
         self, latents: torch.Tensor, t: int, generator: torch.Generator | None = None

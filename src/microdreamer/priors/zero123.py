@@ -30,7 +30,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -488,6 +488,7 @@ class Zero123Prior(Prior):
         self.image_size = self.config.image_size
         self.kind = self._camera_kind()
         self.ddim = DDIMRoundTrip(self.config.ddim)
+        self._ddim_by_steps: dict[int, DDIMRoundTrip] = {}  # other grids (stage 2's 50 steps)
         on_cuda = self.device.type == "cuda"
 
         # set both ways: several priors may share one set of networks (benchmark variants)
@@ -577,12 +578,13 @@ class Zero123Prior(Prior):
         return self.codec.decode(latents)
 
     # ------------------------------------------------------------------ noise predictions
-    def _eps_guided(self, context: torch.Tensor):
+    def _eps_guided(self, context: torch.Tensor, scale: float | None = None):
+        """The guided noise predictor for ``context`` [C, 1, D]; ``scale`` None = the config's."""
         C = context.shape[0]
         ref = self.reference_latent.expand(C, -1, -1, -1)
         concat = torch.cat([ref, torch.zeros_like(ref)])  # [2C, 4, h, w]
         ctx = torch.cat([context, torch.zeros_like(context)])  # [2C, 1, D]
-        scale = self.config.guidance_scale
+        scale = self.config.guidance_scale if scale is None else float(scale)
 
         def eps(x: torch.Tensor, t: int) -> torch.Tensor:
             xin = torch.cat([x, x]).to(self.dtype)
@@ -628,11 +630,68 @@ class Zero123Prior(Prior):
             )
         return targets
 
-    def warmup_calls(self, views: int, from_renders: bool = True) -> list[tuple[Callable, tuple]]:
+    def ddim_with_steps(self, steps: int) -> DDIMRoundTrip:
+        """The config's DDIM schedule on a grid of ``steps`` steps (the SIR round trip's own when equal;
+        built once per step count)."""
+        if steps == self.ddim.config.num_inference_steps:
+            return self.ddim
+        if steps not in self._ddim_by_steps:
+            self._ddim_by_steps[steps] = DDIMRoundTrip(replace(self.config.ddim, num_inference_steps=steps))
+        return self._ddim_by_steps[steps]
+
+    @_with_cudnn_flags
+    @torch.no_grad()
+    def strength_refine(
+        self,
+        images: torch.Tensor,
+        views: OrbitViews,
+        strength: float = 0.8,
+        generator: torch.Generator | None = None,
+        steps: int = 50,
+        guidance_scale: float = 2.0,
+        eta: float = 0.0,
+    ) -> torch.Tensor:
+        """MicroDreamer's stage-2 refinement (``guidance/zero123_utils.py`` ``Zero123.refine``): encode the
+        renders, add noise up to ``t = grid[int(steps * strength)]`` of a ``steps``-step DDIM grid, then
+        DDIM-denoise through the rest of the grid with guidance ``guidance_scale``, conditioned on the
+        input image and the views' cameras; decode.
+
+        Differences from upstream: the renders' latents are the VAE posterior's mode (upstream samples
+        it), and the noise comes from ``generator``.
+
+        Args:
+            images: [C, 3, H, W] float in [0, 1], renders from ``views`` on white.
+            views: the C views' angles.
+            strength: fraction of the grid skipped (upstream: 0.8 of 50 -> t = 181, 10 steps).
+            generator: on the prior's device.
+            steps, guidance_scale, eta: the DDIM grid, the guidance and DDIM's eta (upstream: 50, 2, 0).
+
+        Returns:
+            [C, 3, H, W] float32 targets in [0, 1] (decoded at the model's side, resized back to H x W).
+        """
+        ddim = self.ddim_with_steps(steps)
+        t = ddim.strength_start(strength)
+        if t is None:  # nothing left to denoise
+            return images.float().clamp(0, 1)
+        context = self.context(views)
+        x = ddim.add_noise(self.encode(images), t, generator)
+        x0 = ddim.denoise(x, t, self._eps_guided(context, guidance_scale), eta, generator)
+        targets = self.decode(x0)
+        if tuple(targets.shape[-2:]) != tuple(images.shape[-2:]):
+            targets = torch.nn.functional.interpolate(
+                targets, tuple(images.shape[-2:]), mode="bilinear", align_corners=False
+            )
+        return targets
+
+    def warmup_calls(
+        self, views: int, from_renders: bool = True, extra_views: tuple[int, ...] = ()
+    ) -> list[tuple[Callable, tuple]]:
         """The calls :meth:`warmup` makes, as (function, arguments): exactly the signatures a C-view SIR
         run replays. Always the guided UNet (batch 2C) and the VAE decoder (C); with ``from_renders``
         (some refinement starts from renders: SIR iterations after the first) also the VAE encoder (C)
-        and, when the inversion has steps (``inversion_ratio`` < 1), the unconditional UNet (batch C)."""
+        and, when the inversion has steps (``inversion_ratio`` < 1), the unconditional UNet (batch C); for
+        each C' of ``extra_views`` (stage 2's guided-only refinement of C' renders) the guided UNet (2C'),
+        the encoder and the decoder (C')."""
         C, s = views, self.image_size
         h = s // self.vae_factor
         d = self.nets.camera_projection.out_features
@@ -645,17 +704,24 @@ class Zero123Prior(Prior):
             calls.append((self.encode, (torch.rand(C, 3, s, s, device=self.device),)))
         latents = torch.randn(C, 4, h, h, device=self.device)
         calls.append((self.decode, (latents,)))
+        for c in dict.fromkeys(c for c in extra_views if c != C):
+            x = torch.randn(2 * c, 8, h, h, device=self.device, dtype=self.dtype)
+            calls.append(
+                (self.unet, (x, 500, torch.randn(2 * c, 1, d, device=self.device, dtype=self.dtype)))
+            )
+            calls.append((self.encode, (torch.rand(c, 3, s, s, device=self.device),)))
+            calls.append((self.decode, (torch.randn(c, 4, h, h, device=self.device),)))
         return calls
 
     @_with_cudnn_flags
     @torch.no_grad()
-    def warmup(self, views: int, from_renders: bool = True) -> None:
+    def warmup(self, views: int, from_renders: bool = True, extra_views: tuple[int, ...] = ()) -> None:
         """Run every network once at the shapes of a C-view refinement (cuDNN and cuBLAS choices) and
         capture the CUDA graphs the run will replay (:meth:`warmup_calls`), so the first iteration is
         not slower than the others. No-op on the CPU."""
         if self.device.type != "cuda":
             return
-        for fn, args in self.warmup_calls(views, from_renders):
+        for fn, args in self.warmup_calls(views, from_renders, extra_views):
             fn(*args)
         torch.cuda.synchronize(self.device)
         self.unet.calls = self.unet.samples = 0
