@@ -311,3 +311,59 @@ def test_flag_values_checked_by_their_config_field(tmp_path, capsys, argv, messa
     assert main(["mesh", str(tmp_path / "none.ply"), "-o", str(tmp_path / "out.glb"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {message}" and list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# --up: a y-down input comes out upright
+
+
+def _y_down_snowman(path):
+    """The snowman (red head above a blue base, y up) stored y-down, as a y-down capture is."""
+    from microdreamer.orient import up_rotation
+    from microdreamer.synthetic import snowman_splat
+
+    write_ply(snowman_splat(2000, seed=2).transformed(up_rotation("-y")), path)
+    return path
+
+
+def _red_above_blue(sheet: np.ndarray, size: int) -> list[bool]:
+    """Per view of a contact sheet of ``size`` px views: is the red pixels' mean row above the blue's?"""
+    out = []
+    for r in range(sheet.shape[0] // size):
+        for c in range(sheet.shape[1] // size):
+            view = sheet[r * size : (r + 1) * size, c * size : (c + 1) * size].astype(int)
+            red = (view[..., 0] > 150) & (view[..., 1] < 90) & (view[..., 2] < 90)
+            blue = (view[..., 2] > 150) & (view[..., 0] < 90)
+            assert red.sum() > 5 and blue.sum() > 20, (r, c, red.sum(), blue.sum())
+            out.append(np.nonzero(red)[0].mean() < np.nonzero(blue)[0].mean())
+    return out
+
+
+def test_up_turns_a_y_down_splat_upright_in_render(tmp_path):
+    from PIL import Image
+
+    src = _y_down_snowman(tmp_path / "down.ply")
+    assert run_cli("render", src, "-o", tmp_path / "as_is.png", "--size", 48) == 0
+    assert run_cli("render", src, "-o", tmp_path / "up.png", "--size", 48, "--up", "-y") == 0
+    as_is = _red_above_blue(np.asarray(Image.open(tmp_path / "as_is.png").convert("RGB")), 48)
+    upright = _red_above_blue(np.asarray(Image.open(tmp_path / "up.png").convert("RGB")), 48)
+    assert len(upright) == 8 and all(upright), upright  # the head on top in every view
+    assert not any(as_is), as_is  # and upside down without --up
+
+
+def test_up_turns_a_y_down_splat_upright_in_mesh(tmp_path):
+    """mesh --up -y: the narrow end (the head, radius 0.18) is at the top (+y), the wide base below;
+    the mesh keeps the splat's units (its height ~1.15 either way)."""
+    src = _y_down_snowman(tmp_path / "down.ply")
+    for up, head_on_top in (("-y", True), ("+y", False)):
+        out = tmp_path / f"m{up}.ply"
+        args = ("--resolution", 48, "--texture", "none", "--up", up)
+        assert run_cli("mesh", src, "-o", out, *args) == 0
+        v = np.asarray(load(out).vertices)
+        lo, hi = v[:, 1].min(), v[:, 1].max()
+        assert 1.0 < hi - lo < 1.3, (lo, hi)
+        top = v[v[:, 1] > hi - 0.15]
+        bottom = v[v[:, 1] < lo + 0.15]
+        width_top = np.ptp(top[:, 0]) if len(top) else 0.0
+        width_bottom = np.ptp(bottom[:, 0]) if len(bottom) else 0.0
+        assert (width_top < width_bottom) == head_on_top, (up, width_top, width_bottom)

@@ -80,6 +80,7 @@ COMMANDS = (
             Flag("--texture", "texture.mode"),
             Flag("--texture-size", "texture.size"),
             Flag("--refine", "texture.refine.steps", "STEPS"),
+            Flag("--up", "up"),
         ),
     ),
     Command(
@@ -93,6 +94,7 @@ COMMANDS = (
             Flag("--held-out", "held_out"),
             Flag("--size", "size"),
             Flag("--seed", "seed"),
+            Flag("--up", "up"),
         ),
         preset=False,
     ),
@@ -101,8 +103,8 @@ COMMANDS = (
         "reconstruct a splat (and mesh) from a transforms.json dataset",
         config.ReconstructJobConfig,
         (("data", "DIR", "dataset folder with transforms.json and RGBA PNGs"),),
-        ("OUT/", True, "output folder: splat.ply, mesh.glb, metrics.json"),
-        (Flag("--iters", "reconstruct.iters"),),
+        ("OUT/", True, "output folder: splat.ply, mesh.glb, held_out_views.png, metrics.json"),
+        (Flag("--iters", "reconstruct.iters"), Flag("--up", "up"), Flag("--frame", "frame")),
     ),
     Command(
         "generate",
@@ -123,7 +125,12 @@ COMMANDS = (
         config.TurntableConfig,
         (("source", "MESH_OR_SPLAT", "a mesh (GLB, OBJ, PLY) or a 3DGS splat (.ply)"),),
         ("turntable.{mp4,gif,png}", True, "turntable.mp4, turntable.gif or views.png"),
-        (Flag("--frames", "frames"), Flag("--size", "size"), Flag("--elevation", "elevation_deg")),
+        (
+            Flag("--frames", "frames"),
+            Flag("--size", "size"),
+            Flag("--elevation", "elevation_deg"),
+            Flag("--up", "up"),
+        ),
         preset=False,
     ),
 )
@@ -365,8 +372,13 @@ def cmd_reconstruct(args: argparse.Namespace) -> None:
     if psnr is not None:
         print(f"held-out views: PSNR {psnr:.2f} dB, SSIM {metrics.get('ssim'):.4f}")
     print(_seconds(metrics.get("seconds", {}), 2))
-    files = ["splat.ply", "metrics.json"] + (["mesh.glb"] if cfg.mesh else [])
-    print("wrote " + ", ".join(str(out / f) for f in files))
+    files = ["splat.ply"] + (["mesh.glb"] if cfg.mesh else []) + [metrics.get("pictures"), "metrics.json"]
+    print("wrote " + ", ".join(str(out / f) for f in files if f))
+    frame = metrics.get("output_frame") or {}
+    if frame:
+        print(
+            f"frame of splat.ply{' and mesh.glb' if cfg.mesh else ''}: {frame['note']} (--frame {frame['name']})"
+        )
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -411,8 +423,20 @@ RUNNERS = {
 }
 
 
+def _join_up_values(argv: list[str]) -> list[str]:
+    """``--up -y`` -> ``--up=-y``: argparse reads a value starting with ``-`` as an option."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--up" and arg in config.UP_AXES:
+            out[-1] = f"--up={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(_join_up_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
         args.func(args)

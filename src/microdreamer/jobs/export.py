@@ -67,6 +67,16 @@ class ExportResult:
         }
 
 
+def upright(splat: Splat, up: str) -> Splat:
+    """``splat`` turned so that its up axis ``up`` (``+y``, ``-y``, ``+z``, ``-z``) points up (+y);
+    the splat itself for ``+y``."""
+    if up == "+y":
+        return splat
+    from microdreamer.orient import up_rotation
+
+    return splat.transformed(up_rotation(up))
+
+
 def splat_to_mesh(
     splat: Splat,
     field_config: FieldConfig,
@@ -113,6 +123,8 @@ def export_mesh(
 ) -> ExportResult:
     """Mesh ``splat`` and write it to ``path`` (.glb, .obj or .ply, atomically), textured unless
     ``config.texture.mode == "none"``; stages ``field``, ``mesh``, ``texture`` and ``export`` on ``timer``.
+    The splat is first turned so that its up axis ``config.up`` points up (+y): the mesh is written in
+    the splat's units and position, in that orientation.
 
     Args:
         splat: N Gaussians (any device; moved to ``device``).
@@ -127,7 +139,7 @@ def export_mesh(
     from microdreamer.texture import texture_mesh
 
     timer = timer or StageTimer()
-    splat = splat.to(device)
+    splat = upright(splat.to(device), config.up)
     conv = splat_to_mesh(splat, config.field, config.mesh, device, timer=timer, progress=progress, name=name)
     mesh, texture_stats = conv.mesh, {}
     if config.texture.mode != "none":
