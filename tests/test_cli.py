@@ -367,3 +367,35 @@ def test_up_turns_a_y_down_splat_upright_in_mesh(tmp_path):
         width_top = np.ptp(top[:, 0]) if len(top) else 0.0
         width_bottom = np.ptp(bottom[:, 0]) if len(bottom) else 0.0
         assert (width_top < width_bottom) == head_on_top, (up, width_top, width_bottom)
+
+
+# ---------------------------------------------------------------------------------------------------
+# no silent overrides
+
+
+def test_decimate_is_honoured_when_texturing(tmp_path, capsys):
+    """--decimate N above the texture stage's face cap (texture.max_faces, 1000 in this preset) gives a
+    mesh of about N faces, and says that the cap was raised; without --decimate the cap applies."""
+    write_ply(make_synthetic_object(3000, seed=1, scale_fraction=0.02), tmp_path / "s.ply")
+    (tmp_path / "cap.yaml").write_text("texture:\n  max_faces: 1000\n  size: 64\n  mode: field\n")
+    base = ("mesh", tmp_path / "s.ply", "--resolution", 64, "--config", tmp_path / "cap.yaml")
+    assert run_cli(*base, "-o", tmp_path / "capped.glb") == 0
+    capped = len(load(tmp_path / "capped.glb").faces)
+    capsys.readouterr()
+    assert run_cli(*base, "-o", tmp_path / "asked.glb", "--decimate", 3000) == 0
+    asked = len(load(tmp_path / "asked.glb").faces)
+    err = capsys.readouterr().err
+    assert capped <= 1100 and 2500 <= asked <= 3300, (capped, asked)
+    assert "--decimate 3,000 is above the texture stage's face cap (1,000" in err and "keeps the faces" in err
+
+
+def test_mesh_says_what_a_ply_stores_and_reports_stages(tmp_path, capsys):
+    write_ply(make_synthetic_object(2000, seed=1, scale_fraction=0.02), tmp_path / "s.ply")
+    args = ("--resolution", 48, "--texture", "field", "--texture-size", 64)
+    assert run_cli("mesh", tmp_path / "s.ply", "-o", tmp_path / "m.ply", *args) == 0
+    captured = capsys.readouterr()
+    assert "PLY stores no texture: the texture is sampled into vertex colours" in captured.out
+    for stage in ("marching cubes and cleanup", "UV unwrap", "colour field", "filling", "writing"):
+        assert stage in captured.err, (stage, captured.err)
+    assert run_cli("mesh", tmp_path / "s.ply", "-o", tmp_path / "m.glb", *args) == 0
+    assert "vertex colours" not in capsys.readouterr().out

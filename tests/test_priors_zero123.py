@@ -366,3 +366,34 @@ def test_prior_layouts_and_shortcut_agree_on_cuda():
         torch.testing.assert_close(a, b, atol=5e-3, rtol=5e-3)
     for a, b in zip(outs["back"], outs["plain"], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_building_and_moving_models_logs_no_library_notices():
+    """diffusers logs "modules ... should be kept in float32: []" on every .to() given a dtype argument
+    (even None, even the same dtype); building and moving the components must log none of those, and
+    the CLIP image processor must be one that needs no torchvision fallback warning."""
+    import importlib.util
+    import logging
+
+    from microdreamer.priors.factory import build_random_zero123
+    from microdreamer.priors.zero123 import clip_image_processor_class
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    log = logging.getLogger("diffusers.models.modeling_utils")
+    handler = Keep(level=logging.DEBUG)
+    log.addHandler(handler)
+    try:
+        comps = build_random_zero123("tiny", 0, torch.device("cpu"), torch.float32)
+        comps.to("cpu", torch.float32)  # same dtype
+        comps.to("cpu", torch.float64)  # a real cast: diffusers' notice lists no module ([])
+    finally:
+        log.removeHandler(handler)
+    assert [r.getMessage() for r in records if "float32" in r.getMessage()] == []
+    assert next(comps.unet.parameters()).dtype == torch.float64
+    if importlib.util.find_spec("torchvision") is None:
+        assert clip_image_processor_class().__name__.endswith("Pil")

@@ -167,22 +167,23 @@ def test_prune_white_floaters_removes_only_large_visible_over_white_gaussians():
 
 
 # ------------------------------------------------------------------------------------ generate (tiny)
-def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
-    pytest.importorskip("diffusers", reason="generate needs diffusers")
+def _disc_image(path) -> None:
+    """An RGBA input made here: an orange disc with soft edges, off-centre."""
     from PIL import Image
 
-    from microdreamer.data.image import ImageConfig
-    from microdreamer.field import FieldConfig
-    from microdreamer.jobs.generate import GenerateConfig, generate
-    from microdreamer.priors.zero123 import Zero123Config
-    from microdreamer.splat import read_ply
-
-    # an RGBA input made here: an orange disc with soft edges, off-centre
     yy, xx = np.mgrid[0:96, 0:128]
     a = np.clip(20.0 - np.hypot(yy - 40, xx - 50), 0, 1)
     img = np.zeros((96, 128, 4), np.uint8)
     img[..., 0], img[..., 1], img[..., 2], img[..., 3] = 230, 120, 30, (a * 255).astype(np.uint8)
-    Image.fromarray(img, "RGBA").save(tmp_path / "in.png")
+    Image.fromarray(img, "RGBA").save(path)
+
+
+def _small_generate_config():
+    """generate's settings shrunk for the CPU: 64^2, 2 iterations of 2 views, a 32^3 field, 32^2 texture."""
+    from microdreamer.data.image import ImageConfig
+    from microdreamer.field import FieldConfig
+    from microdreamer.jobs.generate import GenerateConfig
+    from microdreamer.priors.zero123 import Zero123Config
 
     size = 64
     cfg = GenerateConfig(
@@ -201,10 +202,23 @@ def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
     )
     tex = cfg.export.texture  # the default textured export, small
     tex = replace(tex, size=32, bake=replace(tex.bake, views=replace(tex.bake.views, size=32)))
-    cfg = replace(cfg, export=replace(cfg.export, field=FieldConfig(resolution=32), texture=tex))
+    return replace(cfg, export=replace(cfg.export, field=FieldConfig(resolution=32), texture=tex))
+
+
+def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
+    pytest.importorskip("diffusers", reason="generate needs diffusers")
+    from PIL import Image
+
+    from microdreamer.jobs.generate import generate
+    from microdreamer.splat import read_ply
+
+    _disc_image(tmp_path / "in.png")
+    cfg = _small_generate_config()
     out = tmp_path / "out"
     res = generate(tmp_path / "in.png", out, cfg, random_weights="tiny", device="cpu")
-    assert sorted(p.name for p in out.iterdir()) == ["mesh.glb", "splat.ply", "timings.json", "views.png"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "input_rgba.png", "mesh.glb", "splat.ply", "timings.json", "views.png"
+    ]  # fmt: skip
     timings = json.loads((out / "timings.json").read_text())
     assert set(timings["stages"]) == {"diffusion", "reconstruction", "mesh", "other"}
     assert set(timings["background_seconds"]) == {"export_splat", "views_png"}  # written in a thread
@@ -212,9 +226,48 @@ def test_generate_end_to_end_with_tiny_random_weights(tmp_path):
     assert all(v >= 0 for v in timings["stages"].values())
     assert timings["random_weights"] == "tiny" and timings["mask_method"] == "alpha"
     assert timings["prior_stats"]["unet_calls"] == 20 + 25
+    # the command line's cost model counts the same calls (its time-left estimate and CPU note use it)
+    from microdreamer.cli import _sir_weights
+
+    weights, guided, uncond = _sir_weights(cfg)
+    assert (guided, uncond) == (20 + 18, 7) and len(weights) == 2
     assert len(read_ply(out / "splat.ply")) == res["num_gaussians"] > 0
     assert Image.open(out / "views.png").size == (4 * 32, 2 * 32)  # 8 azimuths, 4 x 2
     assert res["mesh_faces"] > 0
+    # the prepared input beside the outputs: 64^2 RGBA, its alpha the mask the model saw
+    rgba = np.asarray(Image.open(out / "input_rgba.png"))
+    assert rgba.shape == (64, 64, 4) and timings["input_rgba"] == "input_rgba.png"
+    assert rgba[..., 3].max() == 255 and rgba[0, 0, 3] == 0
+
+
+def test_generate_command_reports_progress_and_keeps_stderr_quiet(tmp_path, capsys, caplog):
+    """``microdreamer generate`` off a terminal (captured stderr): log lines per SIR iteration with the
+    time left, the mask method, the mesh and texture stages; the random-weights warning once; none of
+    the libraries' notices (diffusers' empty float32 list, transformers' torchvision fallback)."""
+    pytest.importorskip("diffusers", reason="generate needs diffusers")
+    import yaml
+
+    from microdreamer.cli import main
+    from microdreamer.config import to_dict
+
+    _disc_image(tmp_path / "in.png")
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(to_dict(_small_generate_config())))
+    argv = ["generate", str(tmp_path / "in.png"), "-o", str(tmp_path / "out"), "--random-weights", "tiny",
+            "--config", str(tmp_path / "small.yaml"), "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "SIR iterations: started" in err
+    assert any(line.startswith("SIR iterations: 1/2 (50%) after") and "left" in line for line in lines), err
+    assert any(line.startswith("SIR iterations: 2/2 (100%) after") for line in lines), err
+    assert "input: the object's mask from the image's alpha channel" in err
+    assert "UV unwrap" in err and "baking from" in err and "filling" in err and "writing" in err
+    # the random-weights warning once: the job's log record (pytest's log capture holds it here; the
+    # command line's handler prints it), no second copy printed by the command line
+    assert sum("RANDOM WEIGHTS" in r.getMessage() for r in caplog.records) == 1
+    assert "RANDOM WEIGHTS" not in err and "random weights" not in err.lower(), err
+    assert "kept in float32" not in err and "torchvision" not in err, err
+    assert "note: generate on the CPU" not in err  # tiny weights: no slow-CPU estimate
 
 
 def test_generate_texture_default_is_a_capped_512_bake():
@@ -222,3 +275,14 @@ def test_generate_texture_default_is_a_capped_512_bake():
 
     tex = GenerateConfig().export.texture
     assert (tex.mode, tex.size, tex.max_faces, tex.chart_iterations) == ("bake", 512, 10_000, 0)
+
+
+def test_generate_on_the_cpu_with_full_weights_says_how_long():
+    pytest.importorskip("diffusers", reason="the DDIM grid comes from diffusers")
+    from microdreamer.cli import _cpu_estimate
+    from microdreamer.jobs.generate import GenerateConfig
+
+    note = _cpu_estimate(GenerateConfig(), None)  # real (full-size) weights
+    assert note.startswith("note: generate on the CPU") and "237 guided and 83 unconditional" in note
+    assert "min" in note and note == _cpu_estimate(GenerateConfig(), "full")
+    assert _cpu_estimate(GenerateConfig(), "tiny") is None

@@ -2,6 +2,7 @@
 
 :func:`generate` is the stage function the CLI calls. It writes, each file atomically::
 
+    OUT/input_rgba.png the prepared input: the object cut out (its mask), recentred, 256^2 RGBA
     OUT/splat.ply      the Gaussians (INRIA 3DGS layout)
     OUT/mesh.glb       the mesh extracted from them (density field -> marching cubes)
     OUT/views.png      the splat from 8 azimuths at the input's elevation (4 x 2 grid)
@@ -58,6 +59,12 @@ PRELOAD_MODULES = (
     "PIL.Image",
     "PIL.PngImagePlugin",
 )
+#: how the messages name each mask method of data.image.foreground
+MASK_NOTES = {
+    "alpha": "the image's alpha channel",
+    "rembg": "rembg (background removal)",
+    "grabcut": "GrabCut (the image has no alpha channel: a rough cut, check input_rgba.png)",
+}
 #: how the stage timer's entries add up to the three reported stages
 STAGE_GROUPS = {
     "diffusion": ("embed", "warmup", "diffusion"),
@@ -122,19 +129,24 @@ def generate(
     random_weights: str | None = None,
     device: str | torch.device = "auto",
     progress: Callable[[float], None] | None = None,
+    stage: Callable[[str], None] | None = None,
 ) -> dict:
     """One image in, a Gaussian splat, a mesh, previews and timings out.
 
     Args:
         image_path: RGBA (alpha used) or RGB (background removed) image of one object.
-        out_dir: output folder (created); splat.ply, mesh.glb, views.png, timings.json go there.
+        out_dir: output folder (created); input_rgba.png, splat.ply, mesh.glb, views.png, timings.json go
+            there.
         config: :class:`GenerateConfig` (``sir.iterations``, ``sir.seed`` and ``elevation_deg`` are the
             CLI's ``--iters``, ``--seed`` and ``--elevation``).
         model: a diffusers-format folder or cached repo id (overrides ``config.prior.model``), or a
             ready :class:`~microdreamer.priors.Prior` (reused as is: no loading).
         random_weights: None, "tiny" or "full": use an untrained model of that size instead.
         device: "auto", "cpu", "cuda" or a torch device.
-        progress: called with the fraction done after each SIR iteration.
+        progress: called with 0.0 when the SIR loop starts, then with the fraction done after each SIR
+            iteration.
+        stage: called with a one-line message as each stage starts (the input's mask method, loading,
+            the mesh and texture stages), so a caller can show that something is happening.
 
     Returns:
         {"splat", "mesh", "views", "timings"}: the written paths, plus "seconds" (per stage),
@@ -157,14 +169,26 @@ def generate(
     timer = StageTimer()
     _preload()  # not joined: it only helps when it finishes in the shadow of the GPU work
 
+    say = stage or (lambda message: None)
     with timer.stage("prepare"):
         prepared = prepare_image(image_path, config.image)
+        input_path = prepared.save(out / "input_rgba.png")
+    say(f"input: the object's mask from {MASK_NOTES.get(prepared.method, prepared.method)}; the prepared input "
+        f"is {input_path}")  # fmt: skip
+    say(
+        "loading the model"
+        if random_weights is None
+        else f"building a random-weight ({random_weights}) model"
+    )
     with timer.stage("load_model"):
         prior = build_prior(config.prior, device, model, random_weights, config.sir.seed)
     if config.warmup and hasattr(prior, "warmup"):
         with timer.stage("warmup"):
             prior.warmup(config.sir.views)
     reference = Reference(prepared.rgb, prepared.mask, config.elevation_deg, 0.0, config.sir.radius)
+    say(f"SIR: {config.sir.iterations} iterations of {config.sir.views} views")
+    if progress is not None:
+        progress(0.0)
     result = run_sir(prior, reference, config.sir, device, progress=progress, timer=timer)
     splat = result.splat
     if len(splat) == 0:
@@ -188,7 +212,7 @@ def generate(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="microdreamer-write") as pool:
         writer = pool.submit(write_splat_and_views)
         exported = export_mesh(
-            splat, out / "mesh.glb", config.export, device, timer=timer, name=str(image_path)
+            splat, out / "mesh.glb", config.export, device, timer=timer, name=str(image_path), stage=stage
         )
         mesh, mesh_path, texture_stats = exported.mesh, exported.path, exported.texture_stats
         with timer.stage("join_writes"):  # waiting for the background writes, if they are still running
@@ -206,6 +230,7 @@ def generate(
         "seconds_after_load_and_warmup": after_load - seconds.get("warmup", 0.0),
         "image": str(image_path),
         "mask_method": prepared.method,
+        "input_rgba": input_path.name,
         "model": str(getattr(getattr(prior, "config", None), "model", type(prior).__name__)),
         "random_weights": random_weights,
         "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
