@@ -7,8 +7,9 @@ Three ways to gather a chunk's per-Gaussian rows (``render/_torch_raster.gather_
   float32 atomics make the gradients differ run to run with more than one thread;
 * ``advanced+deterministic``: the same under ``torch.use_deterministic_algorithms(True)``.
 
-For each: the median wall time of forward + backward (the demo's sizes: 4 views, synthetic object),
-and whether the gradients of ``repeats`` calls are bitwise identical to the first.
+For each: the median wall time of forward + backward (the demo's sizes: 4 views, synthetic object;
+the variants timed in turn, round robin, so a shared machine's changing load hits them alike), and
+whether the gradients of ``repeats`` calls are bitwise identical to the first.
 
     python benchmarks/bench_determinism.py --threads 2 --out benchmarks/results/determinism_cpu.json
 """
@@ -60,21 +61,33 @@ def main() -> None:
     cams = orbit_cameras(torch.full_like(az, 15.0), az, 2.0, 49.1, args.size, args.size)
     rows = []
     original = _torch_raster.gather_rows
+
+    def use(variant: str) -> None:
+        _torch_raster.gather_rows = original if variant == "index_select" else _advanced
+        torch.use_deterministic_algorithms(variant.endswith("deterministic"))
+
     try:
         for n in args.gaussians:
             splat = make_synthetic_object(n, seed=1)
             grads = step_and_grads(splat, cams)
+            times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            for variant in VARIANTS:  # warm-up
+                use(variant)
+                grads()
+            for _ in range(args.reps):  # round robin: a shared machine's load drifts alike for all three
+                for variant in VARIANTS:
+                    use(variant)
+                    times[variant] += time_ms(grads, warmup=0, reps=1)
             for variant in VARIANTS:
-                _torch_raster.gather_rows = original if variant == "index_select" else _advanced
-                torch.use_deterministic_algorithms(variant.endswith("deterministic"))
-                times = time_ms(grads, warmup=1, reps=args.reps)
+                use(variant)
                 first = grads()
                 same = all(
                     all(torch.equal(first[k], g[k]) for k in first)
                     for g in (grads() for _ in range(args.repeats))
                 )
-                rows.append({"gaussians": n, "variant": variant, "median_ms": statistics.median(times),
-                             "min_ms": min(times), "identical": same})  # fmt: skip
+                t = times[variant]
+                rows.append({"gaussians": n, "variant": variant, "median_ms": statistics.median(t),
+                             "min_ms": min(t), "identical": same})  # fmt: skip
     finally:
         _torch_raster.gather_rows = original
         torch.use_deterministic_algorithms(False)

@@ -111,7 +111,7 @@ COMMANDS = (
         "image-to-3D: MicroDreamer's SIR with a Zero123 prior",
         config.GenerateConfig,
         (("image", "IMAGE", "input image: RGBA (its alpha is the mask) or RGB (background removed)"),),
-        ("OUT/", True, "output folder: splat.ply, mesh.glb, views.png, timings.json"),
+        ("OUT/", True, "output folder: input_rgba.png, splat.ply, mesh.glb, views.png, timings.json"),
         (
             Flag("--model", "prior.model", "PATH|REPO_ID"),
             Flag("--iters", "sir.iterations"),
@@ -529,7 +529,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(f"Gaussians: {report.get('num_gaussians')}, mesh: {report.get('mesh_vertices')} vertices, "
           f"{report.get('mesh_faces')} faces")  # fmt: skip
     out = Path(args.output)
-    print("wrote " + ", ".join(str(out / f) for f in ("splat.ply", "mesh.glb", "views.png", "timings.json")))
+    names = ("input_rgba.png", "splat.ply", "mesh.glb", "views.png", "timings.json")
+    print("wrote " + ", ".join(str(out / f) for f in names))
 
 
 def cmd_render(args: argparse.Namespace) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -100,7 +101,7 @@ def texture_mesh(
     device: str | torch.device = "cpu",
     targets_fn: TargetsFn | None = None,
     progress: bool = False,
-    stage=None,
+    stage: Callable[[str], None] | None = None,
 ) -> TextureResult:
     """Unwrap ``mesh`` and bake the texture of ``splat`` onto it (see the module docstring).
 
