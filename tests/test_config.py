@@ -61,3 +61,14 @@ def test_cli_flags_override_the_preset(tmp_path):
     )
     cfg = job_config(args)
     assert (cfg.field.resolution, cfg.field.mode, cfg.mesh.threshold) == (50, "upstream", 0.5)
+
+
+def test_up_axes_are_orient_s():
+    """config.py keeps its own copy of the up axes (it imports no torch); they must be orient's."""
+    from microdreamer import config, orient
+
+    assert config.UP_AXES == orient.UP_AXES
+    for cls in (config.ExportConfig, config.ViewsConfig, config.TurntableConfig, config.ReconstructJobConfig):
+        assert cls().up == "+y"
+        with pytest.raises(config.ConfigError, match="use one of"):
+            cls(up="y")

@@ -82,6 +82,29 @@ def test_normalization_apply_invert():
     np.testing.assert_allclose(norm.invert(norm.apply(p)), p, atol=1e-12)
 
 
+def test_normalization_with_rotation_round_trips_and_upright_keeps_units(tmp_path):
+    from microdreamer.orient import up_rotation
+
+    R = np.asarray(up_rotation("+z"))
+    norm = Normalization([1.0, 2.0, 3.0], 0.5, R)
+    p = np.random.default_rng(1).normal(size=(10, 3))
+    np.testing.assert_allclose(norm.apply(p), 0.5 * (p - [1, 2, 3]) @ R.T)
+    np.testing.assert_allclose(norm.invert(norm.apply(p)), p, atol=1e-12)
+    np.testing.assert_allclose(norm.upright(norm.apply(p)), p @ R.T, atol=1e-12)  # R x: units kept
+    s, t = norm.upright_similarity()
+    np.testing.assert_allclose(s * norm.apply(p) + t, p @ R.T, atol=1e-12)
+    images, cams = _random_views(0, C=2)
+    ds = load_dataset(save_dataset(tmp_path / "ds", images, cams, normalization=norm))
+    np.testing.assert_allclose(ds.normalization.rotation, R)
+    plain = load_dataset(
+        save_dataset(tmp_path / "plain", images, cams, normalization=Normalization([0, 0, 0], 1))
+    )
+    assert "rotation" not in json.loads((tmp_path / "plain" / "transforms.json").read_text())["normalization"]
+    np.testing.assert_array_equal(plain.normalization.rotation, np.eye(3))
+    with pytest.raises(ValueError, match="proper rotation"):
+        Normalization([0, 0, 0], 1.0, np.diag([1.0, 1.0, -1.0]))
+
+
 def _write_png(path: Path, array: np.ndarray) -> None:
     from PIL import Image
 
@@ -503,3 +526,52 @@ def test_mesh_loading_errors(tmp_path):
         load_textured_mesh(tmp_path / "points.ply")
     _one_line_input_error(e)
     shutil.rmtree(tmp_path)
+
+
+def test_render_views_up_turns_a_z_up_mesh_upright(tmp_path):
+    """A tall box standing along +z (a Z-up scan): with --up +z the dataset frame has it standing along
+    +y (the orbit's axis), and transforms.json records the rotation."""
+    import trimesh
+
+    box = trimesh.creation.box(extents=(0.4, 0.6, 2.0))  # tallest along z
+    top = np.asarray(box.vertices)[:, 2] > 0
+    colors = np.where(top[:, None], [[220, 30, 30, 255]], [[30, 30, 220, 255]]).astype(np.uint8)
+    trimesh.Trimesh(box.vertices, box.faces, vertex_colors=colors, process=False).export(tmp_path / "z.ply")
+    out = render_views(tmp_path / "z.ply", tmp_path / "v", ViewsConfig(views=4, held_out=0, size=32, up="+z"),
+                       device="cpu")  # fmt: skip
+    ds = load_dataset(out)
+    v = ds.normalization.apply(np.asarray(box.vertices))
+    assert np.ptp(v[:, 1]) > 2.5 * max(np.ptp(v[:, 0]), np.ptp(v[:, 2]))  # standing along y
+    assert v[top, 1].min() > 0  # the +z end (red) is the top
+    meta = json.loads((out / "transforms.json").read_text())
+    assert meta["render_views"]["up"] == "+z" and "rotation" in meta["normalization"]
+    # in every view the red (top) pixels are above the blue ones: the object stands, it does not tumble
+    for img in ds.images:
+        a = img[..., 3] > 0.5
+        red = a & (img[..., 0] > 0.5) & (img[..., 2] < 0.3)
+        blue = a & (img[..., 2] > 0.5) & (img[..., 0] < 0.3)
+        assert red.sum() > 5 and blue.sum() > 5
+        assert red.nonzero()[:, 0].float().mean() < blue.nonzero()[:, 0].float().mean()
+
+
+def test_render_views_shades_an_uncoloured_mesh_and_says_so(tmp_path):
+    import trimesh
+
+    from microdreamer.render.mesh import AMBIENT
+
+    box = trimesh.creation.box(extents=(1.0, 1.0, 1.0))
+    trimesh.Trimesh(box.vertices, box.faces, process=False).export(tmp_path / "grey.ply")
+    out = render_views(tmp_path / "grey.ply", tmp_path / "v", ViewsConfig(views=4, held_out=0, size=48),
+                       device="cpu")  # fmt: skip
+    ds = load_dataset(out)
+    inside = ds.images[..., 3] == 1
+    grey = ds.images[..., 0][inside]
+    levels = torch.unique((grey * 255).round())
+    assert len(levels) > 3, levels  # shaded, not one flat silhouette level
+    assert grey.min() >= 0.7 * AMBIENT - 1 / 255 and grey.max() <= 0.7 + 1 / 255
+    meta = json.loads((out / "transforms.json").read_text())["render_views"]
+    assert meta["mesh_has_color"] is False and "no colour" in meta["shading"]["note"]
+    _box_ply(tmp_path / "box.ply")  # vertex-coloured: unlit, and recorded as such
+    meta = json.loads((render_views(tmp_path / "box.ply", tmp_path / "c", ViewsConfig(views=2, held_out=0,
+                       size=16), device="cpu") / "transforms.json").read_text())["render_views"]  # fmt: skip
+    assert meta["mesh_has_color"] is True and meta["shading"].startswith("unlit")

@@ -164,3 +164,22 @@ def test_sample_rgba_images():
         rgba = p.rgba_uint8().astype(np.float32) / 255
         again = rgba[..., :3] * rgba[..., 3:] + (1 - rgba[..., 3:])
         np.testing.assert_allclose(again, p.rgb.permute(1, 2, 0).numpy(), atol=2.5 / 255)  # 8-bit rounding
+
+
+def test_grabcut_is_said_and_the_cut_out_saved(tmp_path, monkeypatch, caplog):
+    """An RGB input's GrabCut mask is announced (a warning: it is a rough cut), and the prepared view
+    saves as an RGBA PNG whose alpha is the mask the model is given."""
+    pytest.importorskip("cv2", reason="GrabCut needs opencv-python-headless")
+    monkeypatch.setattr(data_image, "rembg_usable", lambda model="u2net": False)
+    img, _ = _disc_on_noise(1)
+    Image.fromarray(img, "RGB").save(tmp_path / "in.png")
+    with caplog.at_level("WARNING", logger="microdreamer.data.image"):
+        p = prepare_image(tmp_path / "in.png", ImageConfig(size=64))
+    assert any("GrabCut" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+    saved = np.asarray(Image.open(p.save(tmp_path / "input_rgba.png")))
+    assert saved.shape == (64, 64, 4)
+    np.testing.assert_allclose(saved[..., 3] / 255.0, p.mask[0].numpy(), atol=0.5 / 255 + 1e-6)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="microdreamer.data.image"):
+        prepare_image(_rgba_rect(), ImageConfig(size=64))  # its own alpha: nothing to warn about
+    assert not caplog.records

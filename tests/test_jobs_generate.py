@@ -206,8 +206,10 @@ def test_generate_with_and_without_stage2(tmp_path):
     off = generate(image, tmp_path / "off", replace(cfg, refine=replace(cfg.refine, enabled=False)),
                    random_weights="tiny", device="cpu")  # fmt: skip
     for out in (tmp_path / "on", tmp_path / "off"):
-        assert sorted(p.name for p in out.iterdir()) == ["mesh.glb", "splat.ply", "timings.json", "views.png"]
-    for name in ("splat.ply", "views.png"):
+        assert sorted(p.name for p in out.iterdir()) == [
+            "input_rgba.png", "mesh.glb", "splat.ply", "timings.json", "views.png"
+        ]  # fmt: skip
+    for name in ("input_rgba.png", "splat.ply", "views.png"):
         assert (tmp_path / "on" / name).read_bytes() == (tmp_path / "off" / name).read_bytes(), name
     a, b = load_textured_mesh(tmp_path / "on" / "mesh.glb"), load_textured_mesh(tmp_path / "off" / "mesh.glb")
     np.testing.assert_array_equal(a.vertices, b.vertices)
@@ -229,6 +231,57 @@ def test_generate_with_and_without_stage2(tmp_path):
     assert t_on["prior_stats"]["unet_calls"] == 20 + 25 + 10
     assert len(read_ply(tmp_path / "on" / "splat.ply")) == on["num_gaussians"] == off["num_gaussians"] > 0
     assert on["mesh_faces"] == off["mesh_faces"] > 0
+    # the prepared input beside the outputs: 64^2 RGBA, its alpha the mask the model saw
+    from PIL import Image
+
+    rgba = np.asarray(Image.open(tmp_path / "on" / "input_rgba.png"))
+    assert rgba.shape == (S, S, 4) and t_on["input_rgba"] == "input_rgba.png"
+    assert rgba[..., 3].max() == 255 and rgba[0, 0, 3] == 0
+    # the command line's cost model counts the SIR's calls (its time-left estimate and CPU note use it)
+    from microdreamer.cli import _sir_weights
+
+    weights, guided, uncond = _sir_weights(cfg)
+    assert (guided, uncond) == (20 + 18, 7) and len(weights) == 2
+
+
+def test_generate_command_reports_progress_and_keeps_stderr_quiet(tmp_path, capsys, caplog):
+    """``microdreamer generate`` off a terminal (captured stderr): log lines per SIR iteration with the
+    time left, the mask method, the mesh and texture stages; the random-weights warning once; none of
+    the libraries' notices (diffusers' empty float32 list, transformers' torchvision fallback)."""
+    pytest.importorskip("diffusers", reason="generate needs diffusers")
+    import yaml
+
+    from microdreamer.cli import main
+    from microdreamer.config import to_dict
+
+    image = _input(tmp_path)
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(to_dict(_small_config())))
+    argv = ["generate", str(image), "-o", str(tmp_path / "out"), "--random-weights", "tiny",
+            "--config", str(tmp_path / "small.yaml"), "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "SIR iterations: started" in err
+    assert any(line.startswith("SIR iterations: 1/2 (50%) after") and "left" in line for line in lines), err
+    assert any(line.startswith("SIR iterations: 2/2 (100%) after") for line in lines), err
+    assert "input: the object's mask from the image's alpha channel" in err
+    assert "UV unwrap" in err and "baking from" in err and "filling" in err and "writing" in err
+    # the random-weights warning once: the job's log record (pytest's log capture holds it here; the
+    # command line's handler prints it), no second copy printed by the command line
+    assert sum("RANDOM WEIGHTS" in r.getMessage() for r in caplog.records) == 1
+    assert "RANDOM WEIGHTS" not in err and "random weights" not in err.lower(), err
+    assert "kept in float32" not in err and "torchvision" not in err, err
+    assert "note: generate on the CPU" not in err  # tiny weights: no slow-CPU estimate
+
+
+def test_generate_on_the_cpu_with_full_weights_says_how_long():
+    pytest.importorskip("diffusers", reason="the DDIM grid comes from diffusers")
+    from microdreamer.cli import _cpu_estimate
+
+    note = _cpu_estimate(GenerateConfig(), None)  # real (full-size) weights
+    assert note.startswith("note: generate on the CPU") and "237 guided and 83 unconditional" in note
+    assert "min" in note and note == _cpu_estimate(GenerateConfig(), "full")
+    assert _cpu_estimate(GenerateConfig(), "tiny") is None
 
 
 def test_cli_no_refine_turns_stage2_off(tmp_path, monkeypatch):

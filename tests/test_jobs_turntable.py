@@ -147,3 +147,35 @@ def test_contact_sheet_fills_a_short_last_row():
     assert sheet.shape == (4, 12, 3)
     assert (sheet[2:, 3:6] == 0).all()  # row 2 holds frame 4 at column 0, then the fill colour
     assert (sheet[2:, 0:3] == 4).all() and (sheet[0:2, 9:12] == 3).all()
+
+
+def test_up_stands_a_z_up_mesh_and_an_uncoloured_mesh_is_shaded(tmp_path):
+    """A tall box along +z with a red top (a Z-up scan): with up +z every frame shows it standing, red
+    above blue; the same box without colour renders with more than one grey level (head light)."""
+    import trimesh
+
+    from microdreamer.mesh import Mesh
+
+    box = trimesh.creation.box(extents=(0.3, 0.3, 1.2))
+    v = np.asarray(box.vertices)
+    colors = np.where(v[:, 2:] > 0, [[0.9, 0.1, 0.1]], [[0.1, 0.1, 0.9]])
+    mesh = Mesh(v, box.faces, vertex_colors=colors)
+    upright = turntable.turn_upright(mesh, "+z")
+    for frame in turntable_frames(upright, [0.0, 90.0, 200.0], size=48):
+        f = frame.astype(int)
+        red = (f[..., 0] > 150) & (f[..., 2] < 100)
+        blue = (f[..., 2] > 150) & (f[..., 0] < 100)
+        ys, xs = np.nonzero(f.sum(-1) < 700)  # the object (the background is white)
+        assert np.ptp(ys) > 2 * np.ptp(xs)  # standing: taller than wide
+        assert np.nonzero(red)[0].mean() < np.nonzero(blue)[0].mean()
+    grey = Mesh(v, box.faces)
+    config = TurntableConfig(size=48, sheet_views=4, up="+z", elevation_deg=-30.0)  # top and a side seen
+    render_turntable(grey, tmp_path / "g.png", config)
+    sheet = np.asarray(Image.open(tmp_path / "g.png").convert("L"))
+    obj = sheet < 250
+    inner = obj[1:-1, 1:-1].copy()  # object pixels whose 8 neighbours are object too: no antialiased edge
+    for dy in (-1, 0, 1):
+        for dx in (-1, 0, 1):
+            inner &= obj[1 + dy : obj.shape[0] - 1 + dy, 1 + dx : obj.shape[1] - 1 + dx]
+    values = sheet[1:-1, 1:-1][inner]
+    assert inner.sum() > 100 and np.ptp(values) > 30, np.unique(values)  # shaded, not a flat silhouette

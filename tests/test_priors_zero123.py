@@ -499,3 +499,34 @@ def test_warmup_captures_only_what_the_run_replays(tiny_folder, monkeypatch, ite
     names = {name for name, _ in warm}
     assert names == ({"UNet", "VAE decoder", "VAE encoder"} if iterations > 1 else {"UNet", "VAE decoder"})
     assert len({key for name, key in warm if name == "UNet"}) == (2 if iterations > 1 else 1)
+
+
+def test_building_and_moving_models_logs_no_library_notices():
+    """diffusers logs "modules ... should be kept in float32: []" on every .to() given a dtype argument
+    (even None, even the same dtype); building and moving the components must log none of those, and
+    the CLIP image processor must be one that needs no torchvision fallback warning."""
+    import importlib.util
+    import logging
+
+    from microdreamer.priors.factory import build_random_zero123
+    from microdreamer.priors.zero123 import clip_image_processor_class
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    log = logging.getLogger("diffusers.models.modeling_utils")
+    handler = Keep(level=logging.DEBUG)
+    log.addHandler(handler)
+    try:
+        comps = build_random_zero123("tiny", 0, torch.device("cpu"), torch.float32)
+        comps.to("cpu", torch.float32)  # same dtype
+        comps.to("cpu", torch.float64)  # a real cast: diffusers' notice lists no module ([])
+    finally:
+        log.removeHandler(handler)
+    assert [r.getMessage() for r in records if "float32" in r.getMessage()] == []
+    assert next(comps.unet.parameters()).dtype == torch.float64
+    if importlib.util.find_spec("torchvision") is None:
+        assert clip_image_processor_class().__name__.endswith("Pil")

@@ -456,3 +456,69 @@ def test_cuda_matches_cpu():
     b = render_mesh(mesh, cams.to("cuda"), ssaa=2)
     # a flipped edge sub-sample changes a pixel by at most 1/4 of a colour difference
     assert (b.rgb.cpu() - a.rgb).abs().gt(1e-4).float().mean() < 0.001
+
+
+def _grey_cube():
+    """A unit cube (no colour), faces wound outward, flat-shaded by keeping each face's own corners."""
+    import trimesh
+
+    from microdreamer.mesh import Mesh
+
+    box = trimesh.creation.box(extents=(1.0, 1.0, 1.0))
+    tri = box.vertices[box.faces].reshape(-1, 3)  # unshared corners: sharp edges, one normal per face
+    return Mesh(tri, torch.arange(len(tri)).reshape(-1, 3).numpy())
+
+
+def test_uncoloured_mesh_is_shaded_head_light():
+    """A mesh without colour renders shaded, not as a flat grey silhouette: seen from azimuth 20, the
+    cube's +z face (20 degrees from the view) is brighter than its +x face (70 degrees, grazing), each
+    at ambient + (1 - ambient) cos(angle) times the grey, and the image has more than one grey level."""
+    from microdreamer.render.mesh import AMBIENT
+
+    mesh = _grey_cube()
+    cam = orbit_cameras(0.0, 20.0, radius=3.0, fovy_deg=40.0, width=96, height=96)
+    out = render_mesh(mesh, cam, background=(1.0, 1.0, 1.0), smooth_normals=False)
+    inside = out.alpha[0, ..., 0] == 1
+    levels = torch.unique((out.rgb[0][inside] * 255).round(), dim=0)
+    assert len(levels) > 1, "flat silhouette"
+    front = out.normals[0, ..., 2] > 0.99  # the +z face
+    side = out.normals[0, ..., 0] > 0.99  # the +x face
+    assert int((front & inside).sum()) > 50 and int((side & inside).sum()) > 20
+    grey_front = out.rgb[0][front & inside].mean(0)
+    grey_side = out.rgb[0][side & inside].mean(0)
+    assert (grey_front > grey_side + 0.2).all(), (grey_front, grey_side)
+    # the head-light law per pixel: grey * (ambient + (1 - ambient) cos), cos between the face normal
+    # and the direction from the pixel's surface point (interpolated vertex positions) to the camera
+    frags = rasterize(torch.as_tensor(mesh.vertices), torch.as_tensor(mesh.faces), cam)
+    pos = interpolate(torch.as_tensor(mesh.vertices), frags, torch.as_tensor(mesh.faces))[0]
+    to_cam = torch.nn.functional.normalize(cam.camera_centers()[0] - pos, dim=-1)
+    cos = (out.normals[0] * to_cam).sum(-1).clamp_min(0)
+    want = 0.7 * (AMBIENT + (1 - AMBIENT) * cos)
+    torch.testing.assert_close(out.rgb[0, ..., 0][inside], want[inside], rtol=0, atol=1e-5)
+    # unlit on request: every covered pixel is the default grey
+    flat = render_mesh(mesh, cam, lighting_mode="unlit")
+    torch.testing.assert_close(flat.rgb[0][inside], torch.full((int(inside.sum()), 3), 0.7))
+
+
+def test_fixed_light_does_not_depend_on_the_view_and_colour_stays_unlit():
+    """With a fixed world light a face has one brightness from every camera that sees it; a mesh with
+    vertex colours keeps its colours exactly (auto lights only meshes without colour)."""
+    from microdreamer.render.mesh import AMBIENT, has_color
+
+    mesh = _grey_cube()
+    assert not has_color(mesh)
+    cams = orbit_cameras(torch.tensor([-30.0, -30.0]), torch.tensor([20.0, 60.0]), 3.0, 40.0, 64, 64)
+    light = (0.0, 1.0, 0.0)  # straight up: the top face full brightness, the sides ambient only
+    out = render_mesh(mesh, cams, smooth_normals=False, light_direction=light)
+    inside = out.alpha[..., 0] == 1
+    top = (out.normals[..., 1] > 0.99) & inside
+    sides = (out.normals[..., 1].abs() < 0.01) & inside
+    assert top[0].sum() > 20 and top[1].sum() > 20
+    torch.testing.assert_close(out.rgb[top], torch.full((int(top.sum()), 3), 0.7), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        out.rgb[sides], torch.full((int(sides.sum()), 3), 0.7 * AMBIENT), rtol=0, atol=1e-5
+    )
+    coloured = type(mesh)(mesh.vertices, mesh.faces, vertex_colors=[[0.2, 0.4, 0.6]] * mesh.num_vertices)
+    assert has_color(coloured)
+    lit = render_mesh(coloured, cams, light_direction=light)
+    torch.testing.assert_close(lit.rgb[inside], torch.tensor([0.2, 0.4, 0.6]).expand(int(inside.sum()), 3))

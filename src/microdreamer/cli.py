@@ -90,6 +90,7 @@ COMMANDS = (
             Flag("--texture", "texture.mode"),
             Flag("--texture-size", "texture.size"),
             Flag("--refine", "texture.refine.steps", "STEPS"),
+            Flag("--up", "up"),
         ),
         batch=True,
     ),
@@ -104,6 +105,7 @@ COMMANDS = (
             Flag("--held-out", "held_out"),
             Flag("--size", "size"),
             Flag("--seed", "seed"),
+            Flag("--up", "up"),
         ),
         preset=False,
     ),
@@ -112,8 +114,8 @@ COMMANDS = (
         "reconstruct a splat (and mesh) from a transforms.json dataset",
         config.ReconstructJobConfig,
         (("data", "DIR", "dataset folder with transforms.json and RGBA PNGs"),),
-        ("OUT/", True, "output folder: splat.ply, mesh.glb, metrics.json"),
-        (Flag("--iters", "reconstruct.iters"),),
+        ("OUT/", True, "output folder: splat.ply, mesh.glb, held_out_views.png, metrics.json"),
+        (Flag("--iters", "reconstruct.iters"), Flag("--up", "up"), Flag("--frame", "frame")),
     ),
     Command(
         "generate",
@@ -132,7 +134,8 @@ COMMANDS = (
         (
             "OUT/",
             True,
-            "output folder: splat.ply, mesh.glb, views.png, timings.json; for a batch "
+            "output folder: input_rgba.png (with an image), splat.ply, mesh.glb, views.png, timings.json; for a "
+            "batch "
             "OUT/<stem>/ per image and OUT/summary.json",
         ),
         (
@@ -149,7 +152,12 @@ COMMANDS = (
         config.TurntableConfig,
         (("source", "MESH_OR_SPLAT", "a mesh (GLB, OBJ, PLY) or a 3DGS splat (.ply)"),),
         ("turntable.{mp4,gif,png}", True, "turntable.mp4, turntable.gif or views.png"),
-        (Flag("--frames", "frames"), Flag("--size", "size"), Flag("--elevation", "elevation_deg")),
+        (
+            Flag("--frames", "frames"),
+            Flag("--size", "size"),
+            Flag("--elevation", "elevation_deg"),
+            Flag("--up", "up"),
+        ),
         preset=False,
     ),
     Command(
@@ -363,25 +371,149 @@ def job_config(args: argparse.Namespace, base=None):
     return cfg
 
 
-def _progress_bar(desc: str):
-    """A tqdm bar driven by fractions in [0, 1]; returns (callback, close)."""
-    from tqdm import tqdm
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
-    bar = tqdm(
-        total=100,
-        desc=desc,
-        unit="%",
-        leave=False,
-        file=sys.stderr,
-        disable=None,
-        bar_format="{l_bar}{bar}| {elapsed}",
-    )  # no bar when stderr is not a terminal
 
-    def update(fraction: float) -> None:
-        bar.n = int(round(100 * fraction))
-        bar.refresh()
+def _progress_bar(
+    desc: str, total: int | None = None, weights: list[float] | None = None, file=None, lines: bool = True
+):
+    """Progress of a long step on stderr, driven by fractions in [0, 1]; returns (update, close).
 
-    return update, bar.close
+    On a terminal: a tqdm bar. Elsewhere (a log file, a pipe, a test's captured stderr): log lines, the
+    first update's, then one per 10 % or 30 s and the last: ``SIR iterations: 5/20 (25%) after 61 s,
+    about 3.2 min left``. ``total`` shows the fraction as steps done out of ``total``; ``weights`` (one
+    per step) are the steps' relative costs, so the time left counts what the remaining steps cost
+    (default: equal); ``lines=False``: no log lines (a bar on a terminal only). An ``update(0.0)``
+    restarts the clock (a job calls it when the step begins, after
+    its set-up). The lead can re-point this at a shared progress module: the interface is the pair.
+    """
+    out = file if file is not None else sys.stderr
+    terminal = hasattr(out, "isatty") and out.isatty()
+    start = [time.perf_counter()]
+    last = {"fraction": -1.0, "time": 0.0}
+    costs = None
+    if total and weights and len(weights) == total and sum(weights) > 0:
+        costs = [sum(weights[:k]) / sum(weights) for k in range(total + 1)]
+
+    def done_share(fraction: float) -> float:
+        if costs is None:
+            return fraction
+        return costs[max(0, min(total, int(round(fraction * total))))]
+
+    def left(fraction: float, elapsed: float) -> str:
+        share = done_share(fraction)
+        if share <= 0 or fraction >= 1:
+            return ""
+        return f", about {_minutes(elapsed * (1 - share) / share)} left"
+
+    def where(fraction: float) -> str:
+        pct = f"{100 * fraction:.0f}%"
+        return f"{int(round(fraction * total))}/{total} ({pct})" if total else pct
+
+    if terminal:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=100,
+            desc=desc,
+            unit="%",
+            leave=False,
+            file=out,
+            bar_format="{l_bar}{bar}| {elapsed}{postfix}",
+        )
+
+        def update(fraction: float) -> None:
+            if fraction == 0.0:
+                start[0] = time.perf_counter()
+            bar.n = int(round(100 * fraction))
+            bar.set_postfix_str(left(fraction, time.perf_counter() - start[0]).lstrip(", "), refresh=False)
+            bar.refresh()
+
+        return update, bar.close
+
+    if not lines:
+        return (lambda fraction: None), (lambda: None)
+
+    def log_line(fraction: float) -> None:
+        now = time.perf_counter()
+        if fraction == 0.0:
+            start[0] = now
+            if last["fraction"] < 0:
+                print(f"{desc}: started", file=out, flush=True)
+                last.update(fraction=0.0, time=now)
+            return
+        due = fraction >= 1 or last["fraction"] < 0 or fraction - last["fraction"] >= 0.1 - 1e-9
+        if due or now - last["time"] >= 30:
+            elapsed = now - start[0]
+            print(
+                f"{desc}: {where(fraction)} after {_minutes(elapsed)}{left(fraction, elapsed)}",
+                file=out,
+                flush=True,
+            )
+            last.update(fraction=fraction, time=now)
+
+    return log_line, lambda: None
+
+
+def _stage_printer(file=None):
+    """A ``stage(message)`` callback for the jobs' long steps: prints ``  <message>`` on stderr with the
+    seconds since the command started, so no stage runs silently."""
+    out = file if file is not None else sys.stderr
+    start = time.perf_counter()
+
+    def stage(message: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f} s] {message}", file=out, flush=True)
+
+    return stage
+
+
+def _mesh_stages(file=None):
+    """The stage callback of ``mesh``: :func:`_stage_printer` minus the density-field line (its bar
+    shows it; before it only bad input can end the command, with its one error line)."""
+    printer = _stage_printer(file)
+
+    def stage(message: str) -> None:
+        if not message.startswith("density field"):
+            printer(message)
+
+    return stage
+
+
+def _sir_weights(cfg) -> tuple[list[float], int, int]:
+    """Each SIR iteration's relative cost for the time-left estimate, and the UNet calls of the run
+    (guided, unconditional): iteration k denoises from its t2 (guided calls, twice the views' batch) after
+    inverting from t1 (unconditional calls), the DDIM grid of ``cfg.prior.ddim`` (:meth:`DDIMRoundTrip.plan`)."""
+    from microdreamer.priors.ddim import DDIMRoundTrip
+    from microdreamer.sir import t_stop_schedule
+
+    grid = DDIMRoundTrip(cfg.prior.ddim)
+    weights, guided, uncond = [], 0, 0
+    for k in range(cfg.sir.iterations):
+        t1, t2 = grid.plan(t_stop_schedule(k, cfg.sir), cfg.prior.inversion_ratio)
+        g = 0 if t2 is None else sum(1 for t in grid.timesteps if t <= t2)
+        u = 0 if t1 is None or t2 is None else (t2 - t1) // grid.step_size
+        guided, uncond = guided + g, uncond + u
+        weights.append(2.0 * g + u + 1.0)  # + 1: the reconstruction steps, rendering, VAE
+    return weights, guided, uncond
+
+
+#: seconds of one guided (batch 12) call of the full-size Zero123 UNet at 256^2 in float32, measured on
+#: the 2-core development CPU (load ~3-4): 15.2 s (benchmarks/README.md, "generate on the CPU")
+CPU_GUIDED_CALL_S = 15.0
+
+
+def _cpu_estimate(cfg, random_weights: str | None) -> str | None:
+    """The warning generate prints before a full-size model runs on the CPU, with a time estimate."""
+    if random_weights == "tiny":
+        return None
+    _, guided, uncond = _sir_weights(cfg)
+    views = cfg.sir.views
+    seconds = CPU_GUIDED_CALL_S * (views / 6) * (guided + 0.5 * uncond)
+    return (f"note: generate on the CPU with a full-size Zero123 is slow: {cfg.sir.iterations} SIR iterations make "
+            f"{guided} guided and {uncond} unconditional UNet calls ({2 * views} and {views} images each); at "
+            f"~{CPU_GUIDED_CALL_S:.0f} s a guided call (a 2-core CPU) that is about {_minutes(seconds)} (a GPU: "
+            "~5 s in all). The time left is re-estimated after each iteration.")  # fmt: skip
 
 
 def _seconds(seconds: dict[str, float], digits: int = 3) -> str:
@@ -489,10 +621,10 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     read_s = time.perf_counter() - t
     logging.getLogger(__name__).info("read %s in %.3f s", args.splat, read_s)
     timer = StageTimer()
-    update, close = _progress_bar("density field")
+    update, close = _progress_bar("density field", lines=False)  # seconds; the stages follow it
     try:
         result = export_mesh(splat, out, cfg, device, timer=timer, progress=update, name=str(args.splat),
-                             texture_progress=True)  # fmt: skip
+                             texture_progress=True, stage=_mesh_stages())  # fmt: skip
     finally:
         close()
     conv, mesh = result.convert, result.mesh
@@ -501,6 +633,10 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
           f"(opacity > {cfg.field.min_opacity})")  # fmt: skip
     print(f"grid: {conv.resolution}^3, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}")
     tex = f", {cfg.texture.mode} texture {cfg.texture.size}^2" if mesh.has_texture else ""
+    from microdreamer.jobs.export import written_as
+
+    if (how := written_as(out, mesh)) is not None:
+        tex += f" ({how})"
     print(f"mesh: {mesh.num_vertices} vertices, {mesh.num_faces} faces{tex} -> {out}")
     print(_seconds(timer.seconds))
     if args.profile:
@@ -553,11 +689,16 @@ def cmd_reconstruct(args: argparse.Namespace) -> None:
     if psnr is not None:
         print(f"held-out views: PSNR {psnr:.2f} dB, SSIM {metrics.get('ssim'):.4f}")
     print(_seconds(metrics.get("seconds", {}), 2))
-    files = ["splat.ply", "metrics.json"] + (["mesh.glb"] if cfg.mesh else [])
+    files = ["splat.ply"] + (["mesh.glb"] if cfg.mesh else []) + [metrics.get("pictures"), "metrics.json"]
     if args.profile:
         _write_profile(metrics.get("seconds", {}), out, f"microdreamer reconstruct {Path(args.data).name}")
         files += ["profile.json", "profile.png"]
-    print("wrote " + ", ".join(str(out / f) for f in files))
+    print("wrote " + ", ".join(str(out / f) for f in files if f))
+    frame = metrics.get("output_frame") or {}
+    if frame:
+        print(
+            f"frame of splat.ply{' and mesh.glb' if cfg.mesh else ''}: {frame['note']} (--frame {frame['name']})"
+        )
 
 
 def cmd_generate(args: argparse.Namespace) -> int | None:
@@ -573,21 +714,26 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
     cfg = job_config(args, base=default_config(mode))
     if args.no_refine:
         cfg = config.replace_path(cfg, "refine.enabled", False)
-    if args.random_weights:
-        print(f"WARNING: --random-weights {args.random_weights}: the diffusion model has RANDOM weights; "
-              "the output is noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip
     if batch:
+        if args.random_weights:
+            print(f"WARNING: --random-weights {args.random_weights}: the diffusion model has RANDOM weights; "
+                  "the output is noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip
         from microdreamer.jobs.batch import GenerateJob
 
         job = GenerateJob(cfg, random_weights=args.random_weights, device=args.device)
         return _run_batch(args, job, sources, cfg)
     args.image = sources[0] if sources else None
+    from microdreamer.jobs import resolve_device
     from microdreamer.jobs.generate import generate
 
-    update, close = _progress_bar("SIR iterations")
+    device = resolve_device(args.device)  # the random-weights warning comes from the job, once
+    if device.type == "cpu" and (note := _cpu_estimate(cfg, args.random_weights)):
+        print(note, file=sys.stderr)
+    weights, _, _ = _sir_weights(cfg)
+    update, close = _progress_bar("SIR iterations", cfg.sir.iterations, weights)
     try:
         report = generate(args.image, args.output, cfg, model=args.model, random_weights=args.random_weights,
-                          device=args.device, progress=update, prompt=args.prompt)  # fmt: skip
+                          device=device, progress=update, prompt=args.prompt, stage=_stage_printer())  # fmt: skip
     finally:
         close()
     stages = report.get("stages", {})
@@ -595,7 +741,12 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
     print(f"Gaussians: {report.get('num_gaussians')}, mesh: {report.get('mesh_vertices')} vertices, "
           f"{report.get('mesh_faces')} faces")  # fmt: skip
     out = Path(args.output)
-    files = ["splat.ply", "mesh.glb", "views.png", "timings.json"]
+    files = (["input_rgba.png"] if args.image else []) + [
+        "splat.ply",
+        "mesh.glb",
+        "views.png",
+        "timings.json",
+    ]
     if args.profile:
         _write_profile(report.get("seconds", {}), out, f"microdreamer generate {Path(args.image or 'text').name}",
                        extra={"device": report.get("device"), "random_weights": report.get("random_weights")})  # fmt: skip
@@ -726,8 +877,20 @@ RUNNERS = {
 }
 
 
+def _join_up_values(argv: list[str]) -> list[str]:
+    """``--up -y`` -> ``--up=-y``: argparse reads a value starting with ``-`` as an option."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--up" and arg in config.UP_AXES:
+            out[-1] = f"--up={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(_join_up_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
         code = args.func(args)

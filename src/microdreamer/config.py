@@ -899,6 +899,9 @@ class ImageConfig(Config):
 # ============================================================================== jobs
 
 DEVICES = ("auto", "cpu", "cuda")
+#: the up axes ``--up`` takes (:data:`microdreamer.orient.UP_AXES`; orient imports torch, this module not)
+UP_AXES = ("+y", "-y", "+z", "-z")
+UP_HELP = "the input's up axis; the output is turned so that it points up (+y)"
 
 
 @dataclass
@@ -909,6 +912,14 @@ class ExportConfig(Config):
     field: FieldConfig = dataclasses.field(default_factory=FieldConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     texture: TextureConfig = dataclasses.field(default_factory=TextureConfig)
+    up: str = setting("+y", "the splat's up axis: the splat is turned so that it points up (+y) before "
+                      "meshing, and the mesh is written in that frame", choices=UP_AXES)  # fmt: skip
+
+    def validate(self) -> None:
+        self.choose("up", UP_AXES)
+
+
+FRAMES = ("input", "dataset")
 
 
 def _reconstruct_export() -> ExportConfig:
@@ -927,12 +938,25 @@ class ReconstructJobConfig(Config):
             0.25% at 0.2).
         eval_background: background of the held-out evaluation renders and targets (PSNR, SSIM).
         mesh: write the mesh (False: splat and metrics only).
+        up: the dataset frame's up axis; splat.ply and the mesh are turned so that it points up (+y).
+        frame: the frame of splat.ply and the mesh: ``"input"`` (the default) maps them back from the
+            dataset's normalised frame (``render-views``' centring and scaling) into the units and
+            position of the mesh the dataset was rendered from (in the dataset's orientation: upright
+            when ``render-views --up`` turned it); ``"dataset"`` keeps the normalised frame the
+            cameras live in. A dataset without a recorded normalisation has one frame.
     """
 
     reconstruct: ReconstructConfig = dataclasses.field(default_factory=ReconstructConfig)
     export: ExportConfig = dataclasses.field(default_factory=_reconstruct_export)
     eval_background: tuple[float, float, float] = (1.0, 1.0, 1.0)
     mesh: bool = True
+    up: str = setting("+y", UP_HELP, choices=UP_AXES)
+    frame: str = setting("input", "frame of splat.ply and the mesh: input (the source mesh's units and "
+                         "position) or dataset (the normalised frame of the cameras)", choices=FRAMES)  # fmt: skip
+
+    def validate(self) -> None:
+        self.choose("up", UP_AXES)
+        self.choose("frame", FRAMES)
 
 
 def _generate_export() -> ExportConfig:
@@ -1098,6 +1122,11 @@ class ViewsConfig(Config):
         radius, fovy_deg: the orbit camera (MicroDreamer's 2 and 49.1 degrees).
         object_radius: the mesh is normalised so that its farthest vertex is this far from its centre.
         ssaa: supersampling factor per axis of the antialiased renders.
+        up: the mesh's up axis; the dataset frame turns it to +y (recorded in its normalisation).
+        light_direction, ambient: a mesh without colour (no texture, no vertex colours) is rendered
+            grey, lit by this fixed directional light (dataset frame, towards the light: above, right,
+            front) plus ambient (:func:`microdreamer.render.mesh.lighting`): one brightness per surface
+            point from every view, so a reconstruction can fit it; transforms.json says so.
     """
 
     views: int = setting(32, "training views, azimuths spread evenly")
@@ -1108,8 +1137,15 @@ class ViewsConfig(Config):
     fovy_deg: float = 49.1
     object_radius: float = 0.6
     ssaa: int = 2
+    up: str = setting("+y", "the mesh's up axis; the dataset is turned so that it points up (+y)",
+                      choices=UP_AXES)  # fmt: skip
+    light_direction: tuple[float, float, float] = (0.37, 0.74, 0.56)
+    ambient: float = 0.3
 
     def validate(self) -> None:
+        self.choose("up", UP_AXES)
+        self.require("ambient", 0.0 <= self.ambient <= 1.0, "must be in [0, 1]")
+        self.require("light_direction", any(x != 0 for x in self.light_direction), "must not be zero")
         self.require("views", self.views >= 1, "must be at least 1")
         self.require("held_out", 0 <= self.held_out <= self.views, "must be in 0..views")
         self.require("size", 16 <= self.size <= 4096, "must be between 16 and 4096 pixels")
@@ -1128,6 +1164,8 @@ class TurntableConfig(Config):
         elevation_deg: camera elevation (0 = level; negative = above, MicroDreamer's sign).
         fps: video frame rate.
         sheet_views: views on a .png contact sheet (4 per row).
+        up: the input's up axis; the turntable turns about it, with it up in every frame. A mesh
+            without colour is shaded by a head light (:func:`microdreamer.render.mesh.lighting`).
     """
 
     frames: int = setting(120, "video frames")
@@ -1135,8 +1173,10 @@ class TurntableConfig(Config):
     elevation_deg: float = setting(0.0, "camera elevation in degrees")
     fps: int = 30
     sheet_views: int = 8
+    up: str = setting("+y", UP_HELP, choices=UP_AXES)
 
     def validate(self) -> None:
+        self.choose("up", UP_AXES)
         self.require("frames", self.frames >= 1, "must be at least 1")
         self.require("size", 16 <= self.size <= 4096, "must be between 16 and 4096 pixels")
         self.require("fps", self.fps >= 1, "must be at least 1")

@@ -106,6 +106,52 @@ class Splat:
     def detach(self) -> Splat:
         return Splat(**{k: v.detach() for k, v in self.tensors().items()})
 
+    def transformed(
+        self,
+        rotation: torch.Tensor | None = None,
+        scale: float = 1.0,
+        translation: torch.Tensor | None = None,
+    ) -> Splat:
+        """The splat mapped by the similarity ``x -> scale * R x + t``: centres moved, every Gaussian's
+        axes rotated by R (its quaternion left-multiplied) and its scales times ``scale``, the view-
+        dependent SH bands rotated with it (:func:`rotate_sh`), so it renders as the same object seen
+        in the mapped frame. Opacities and base colours are unchanged.
+
+        Args:
+            rotation: [3, 3] proper rotation (any float dtype, NumPy or torch); None = the identity.
+            scale: positive factor.
+            translation: [3]; None = 0.
+        """
+        dev, dt = self.means.device, self.means.dtype
+        if not scale > 0:
+            raise ValueError(f"scale must be positive, got {scale}")
+        R = (
+            torch.eye(3, dtype=torch.float64)
+            if rotation is None
+            else torch.as_tensor(rotation).double().cpu()
+        )
+        if R.shape != (3, 3) or not torch.allclose(R @ R.T, torch.eye(3, dtype=torch.float64), atol=1e-6):
+            raise ValueError(f"rotation must be a 3 x 3 rotation matrix, got {tuple(R.shape)}")
+        if float(torch.linalg.det(R)) < 0:
+            raise ValueError(
+                "rotation must be proper (det +1): a reflection would turn the Gaussians inside out"
+            )
+        t = (
+            torch.zeros(3, dtype=torch.float64)
+            if translation is None
+            else torch.as_tensor(translation).double()
+        )
+        means = (scale * self.means.double() @ R.to(dev).T + t.to(dev)).to(dt)
+        q = rotmat_to_quat(R).to(dev, dt)
+        return Splat(
+            means=means,
+            sh_dc=self.sh_dc.clone(),
+            sh_rest=rotate_sh(self.sh_rest, R),
+            opacity_logits=self.opacity_logits.clone(),
+            log_scales=self.log_scales + math.log(scale),
+            quats=quat_multiply(q.expand_as(self.quats), self.quats),
+        )
+
     # ------------------------------------------------------------ activations
     def opacities(self) -> torch.Tensor:
         """[N] opacity in (0, 1)."""
@@ -164,6 +210,72 @@ def quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
         2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
     ]  # fmt: skip
     return torch.stack(rows, dim=-1).reshape(*q.shape[:-1], 3, 3)
+
+
+def rotmat_to_quat(R: torch.Tensor) -> torch.Tensor:
+    """A rotation matrix [3, 3] -> its unit quaternion [4] (w, x, y, z), w >= 0 (Shepperd's method)."""
+    R = torch.as_tensor(R).double()
+    m = R.tolist()
+    trace = m[0][0] + m[1][1] + m[2][2]
+    if trace > 0:
+        r = math.sqrt(1.0 + trace) * 2
+        q = [0.25 * r, (m[2][1] - m[1][2]) / r, (m[0][2] - m[2][0]) / r, (m[1][0] - m[0][1]) / r]
+    elif m[0][0] > m[1][1] and m[0][0] > m[2][2]:
+        r = math.sqrt(1.0 + m[0][0] - m[1][1] - m[2][2]) * 2
+        q = [(m[2][1] - m[1][2]) / r, 0.25 * r, (m[0][1] + m[1][0]) / r, (m[0][2] + m[2][0]) / r]
+    elif m[1][1] > m[2][2]:
+        r = math.sqrt(1.0 + m[1][1] - m[0][0] - m[2][2]) * 2
+        q = [(m[0][2] - m[2][0]) / r, (m[0][1] + m[1][0]) / r, 0.25 * r, (m[1][2] + m[2][1]) / r]
+    else:
+        r = math.sqrt(1.0 + m[2][2] - m[0][0] - m[1][1]) * 2
+        q = [(m[1][0] - m[0][1]) / r, (m[0][2] + m[2][0]) / r, (m[1][2] + m[2][1]) / r, 0.25 * r]
+    q = torch.tensor(q, dtype=torch.float64)
+    q = q / q.norm()
+    return -q if q[0] < 0 else q
+
+
+def quat_multiply(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Hamilton products [..., 4] of quaternions (w, x, y, z): the rotation of ``b`` then ``a``."""
+    aw, ax, ay, az = a.unbind(-1)
+    bw, bx, by, bz = b.unbind(-1)
+    return torch.stack(
+        [
+            aw * bw - ax * bx - ay * by - az * bz,
+            aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx,
+            aw * bz + ax * by - ay * bx + az * bw,
+        ],
+        dim=-1,
+    )
+
+
+def rotate_sh(sh_rest: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """The higher SH bands [N, K-1, 3] of a colour field f rotated by R: the coefficients of
+    ``f'(d) = f(R^T d)`` (the 3DGS basis of ``render.gaussians.eval_sh``). Each band maps to itself;
+    the [K, K] matrix is solved once by least squares from 64 sample directions (exact: a band's span
+    is closed under rotation)."""
+    K = sh_rest.shape[1] + 1
+    if K == 1:
+        return sh_rest.clone()
+    from microdreamer.render.gaussians import eval_sh
+
+    degree = int(round(math.sqrt(K))) - 1
+    R = torch.as_tensor(rotation).double().cpu()
+    i = torch.arange(64, dtype=torch.float64) + 0.5  # Fibonacci sphere
+    z = 1 - 2 * i / 64
+    phi = math.pi * (3 - math.sqrt(5)) * i
+    d = torch.stack([torch.sqrt(1 - z * z) * torch.cos(phi), torch.sqrt(1 - z * z) * torch.sin(phi), z], -1)
+    one_hot = torch.eye(K, dtype=torch.float64)[:, :, None].expand(K, K, 3)  # basis b's coefficients
+
+    def basis(dirs: torch.Tensor) -> torch.Tensor:  # [D, K]: Y_b(dirs)
+        return eval_sh(degree, dirs[:, None, :].expand(-1, K, 3), one_hot[None].expand(len(dirs), K, K, 3))[
+            ..., 0
+        ]
+
+    B, B_rot = basis(d), basis(d @ R)  # rows: Y(d) and Y(R^T d) (d @ R = (R^T d) as rows)
+    M = torch.linalg.lstsq(B, B_rot).solution  # B M = B_rot, so c' = M c
+    M_rest = M[1:, 1:].to(sh_rest.device, sh_rest.dtype)
+    return torch.einsum("kj,njc->nkc", M_rest, sh_rest)
 
 
 # ---------------------------------------------------------------------- PLY

@@ -259,3 +259,28 @@ def blobby_field(
         sub = values[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
         torch.maximum(sub, 1.0 + 8.0 * (rb - dist), out=sub)
     return values.float().contiguous()
+
+
+def snowman_splat(n: int = 3000, seed: int = 0) -> Splat:
+    """A known asymmetric object, y up: a wide blue ball (radius 0.4, centre y = -0.25) under a small red
+    one (radius 0.18, centre y = +0.36), Gaussians on both surfaces, opaque. Which end is up shows in
+    any render (red above blue) and in its mesh (the narrow end is the top).
+
+    Returns:
+        An SH-degree-0 :class:`Splat` of N Gaussians (3/4 of them on the base).
+    """
+    g = torch.Generator().manual_seed(seed)
+    n_base = (3 * n) // 4
+    parts = []
+    for count, centre_y, radius, color in (
+        (n_base, -0.25, 0.4, (0.15, 0.25, 0.9)),
+        (n - n_base, 0.36, 0.18, (0.9, 0.1, 0.1)),
+    ):
+        d = torch.nn.functional.normalize(torch.randn(count, 3, generator=g), dim=-1)
+        means = d * radius + torch.tensor([0.0, centre_y, 0.0])
+        parts.append((means, torch.tensor(color).expand(count, 3)))
+    means = torch.cat([p[0] for p in parts])
+    colors = torch.cat([p[1] for p in parts])
+    scales = torch.full((n, 3), 0.03)
+    quats = torch.nn.functional.normalize(torch.randn(n, 4, generator=g), dim=-1)
+    return Splat.from_activated(means, scales, quats, torch.full((n,), 0.9), colors)

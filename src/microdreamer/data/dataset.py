@@ -16,8 +16,9 @@ Folder format (NeRF-synthetic / instant-ngp convention)
   matrix in OpenGL axes (x right, y up, z backward). A frame may override ``fl_x``, ``fl_y``, ``cx``,
   ``cy``;
 * our additions, ignored by other readers: ``"held_out": true`` on frames kept for evaluation (not
-  for training); ``"normalization": {"center": [x, y, z], "scale": s}`` when the scene is a normalised
-  copy of a mesh: dataset coordinates = ``(mesh coordinates - center) * scale``; ``near``, ``far``;
+  for training); ``"normalization": {"center": [x, y, z], "scale": s[, "rotation": R]}`` when the scene
+  is a normalised copy of a mesh: dataset coordinates = ``scale * R (mesh coordinates - center)`` (R, a
+  3 x 3 rotation that turned the mesh's up axis to +y, only when it is not the identity); ``near``, ``far``;
   ``render_views``: how :func:`render_views` made it.
 
 :func:`load_dataset` also reads the NeRF-synthetic split layout (``transforms_train.json`` and
@@ -51,30 +52,55 @@ IMAGE_DIR = "images"
 
 @dataclass
 class Normalization:
-    """The similarity that maps a mesh into a dataset's frame: ``x_dataset = (x_mesh - center) * scale``.
+    """The similarity that maps a mesh into a dataset's frame:
+    ``x_dataset = scale * R (x_mesh - center)``, R the rotation that turns the mesh's up axis to +y
+    (``render-views --up``; the identity for a y-up mesh).
 
     Attributes:
         center: [3] float64, in mesh coordinates (the bounding-box centre for :func:`render_views`).
         scale: positive float.
+        rotation: [3, 3] float64 proper rotation (default the identity).
     """
 
     center: np.ndarray
     scale: float
+    rotation: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.center = np.asarray(self.center, dtype=np.float64).reshape(3)
         self.scale = float(self.scale)
+        self.rotation = (
+            np.eye(3) if self.rotation is None else np.asarray(self.rotation, np.float64).reshape(3, 3)
+        )
+        if (
+            not np.allclose(self.rotation @ self.rotation.T, np.eye(3), atol=1e-6)
+            or np.linalg.det(self.rotation) < 0
+        ):
+            raise ValueError("Normalization.rotation must be a proper rotation matrix")
 
     def apply(self, points: np.ndarray) -> np.ndarray:
         """[..., 3] mesh coordinates -> dataset coordinates."""
-        return (np.asarray(points, dtype=np.float64) - self.center) * self.scale
+        return ((np.asarray(points, dtype=np.float64) - self.center) @ self.rotation.T) * self.scale
 
     def invert(self, points: np.ndarray) -> np.ndarray:
         """[..., 3] dataset coordinates -> mesh coordinates."""
-        return np.asarray(points, dtype=np.float64) / self.scale + self.center
+        return (np.asarray(points, dtype=np.float64) / self.scale) @ self.rotation + self.center
+
+    def upright(self, points: np.ndarray) -> np.ndarray:
+        """[..., 3] dataset coordinates -> the mesh's own units and position, in the dataset's
+        orientation: ``R x_mesh``, what ``microdreamer mesh --up`` writes for a splat in the mesh's
+        coordinates (equal to :meth:`invert` when the rotation is the identity)."""
+        return np.asarray(points, dtype=np.float64) / self.scale + self.rotation @ self.center
+
+    def upright_similarity(self) -> tuple[float, np.ndarray]:
+        """(s, t) with ``upright(x) = s x + t``: the map :meth:`upright` as a scale and translation."""
+        return 1.0 / self.scale, self.rotation @ self.center
 
     def to_json(self) -> dict:
-        return {"center": [float(x) for x in self.center], "scale": self.scale}
+        out = {"center": [float(x) for x in self.center], "scale": self.scale}
+        if not np.array_equal(self.rotation, np.eye(3)):
+            out["rotation"] = [[float(x) for x in row] for row in self.rotation]
+        return out
 
 
 @dataclass
@@ -390,10 +416,12 @@ def load_dataset(directory: str | os.PathLike) -> Dataset:
     norm = None
     if isinstance(meta.get("normalization"), dict):
         try:
-            norm = Normalization(meta["normalization"]["center"], meta["normalization"]["scale"])
+            n = meta["normalization"]
+            norm = Normalization(n["center"], n["scale"], n.get("rotation"))
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(
-                f"{json_path} has an invalid 'normalization'; give center [x, y, z] and scale"
+                f"{json_path} has an invalid 'normalization'; give center [x, y, z], scale and optionally "
+                "rotation (3 x 3, proper)"
             ) from e
     return Dataset(
         images=torch.from_numpy(np.stack(images)).float(),

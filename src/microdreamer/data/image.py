@@ -43,6 +43,18 @@ class PreparedImage:
     mask: torch.Tensor
     method: str
 
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the prepared view as a straight-RGBA PNG (atomically): what the model is given, with
+        the mask it used as alpha."""
+        from PIL import Image
+
+        from microdreamer.io_utils import atomic_path
+
+        path = Path(path)
+        with atomic_path(path) as tmp:
+            Image.fromarray(self.rgba_uint8(), "RGBA").save(tmp, format="PNG")
+        return path
+
     def rgba_uint8(self) -> np.ndarray:
         """[S, S, 4] uint8 straight RGBA (for saving)."""
         a = self.mask[0].numpy()
@@ -140,7 +152,8 @@ def foreground(rgba: np.ndarray, config: ImageConfig, name: str = "image") -> tu
             f"{name}: has no alpha channel and no background remover is available; give an RGBA PNG, or "
             f"pip install opencv-python-headless (GrabCut) or rembg with its model on disk"
         )
-    logger.info("%s: no alpha channel; estimating the foreground with GrabCut", name)
+    logger.warning("%s: no alpha channel: the foreground is estimated with GrabCut (a rough cut; give an RGBA "
+                   "image, or install rembg with its model, for a better mask)", name)  # fmt: skip
     return mask_grabcut(rgb, config.grabcut_margin, config.grabcut_iterations), "grabcut"
 
 

@@ -52,17 +52,21 @@ def render_views(
 ) -> Path:
     """Render a dataset of ground-truth RGBA views of a mesh (the ``render-views`` command).
 
-    The mesh is first normalised: translated so that its bounding-box centre is at the origin and
-    scaled so that its farthest vertex is ``config.object_radius`` from it (0.6: the object fits the
-    reconstruction's initial sphere of radius 0.5 closely and fills about 3/4 of the frame height at
-    MicroDreamer's camera radius 2 and fovy 49.1 degrees). The dataset lives in that normalised frame;
-    ``transforms.json`` records ``normalization`` (dataset = (mesh - center) * scale) so that a
-    reconstruction can be compared with ``load_textured_mesh(mesh_path).transformed(center, scale)``
+    The mesh is first normalised: translated so that its bounding-box centre is at the origin,
+    turned so that its up axis ``config.up`` points up (+y, the orbit's axis), and scaled so that its
+    farthest vertex is ``config.object_radius`` from it (0.6: the object fits the reconstruction's
+    initial sphere of radius 0.5 closely and fills about 3/4 of the frame height at MicroDreamer's
+    camera radius 2 and fovy 49.1 degrees). The dataset lives in that normalised frame;
+    ``transforms.json`` records ``normalization`` (dataset = scale * R (mesh - center)) so that a
+    reconstruction can be compared with ``load_textured_mesh(mesh_path).transformed(center, scale, R)``
     or mapped back to the mesh's own coordinates.
 
     Cameras: MicroDreamer's orbit (:func:`microdreamer.cameras.orbit_cameras`) at ``config.radius``,
-    looking at the origin, angles from :func:`view_angles`; images are unlit colour (texture or vertex
-    colours) with alpha, antialiased by ``config.ssaa`` x ``config.ssaa`` supersampling.
+    looking at the origin, angles from :func:`view_angles`; images are the mesh's unlit colour (texture
+    or vertex colours) with alpha, antialiased by ``config.ssaa`` x ``config.ssaa`` supersampling. A mesh
+    without colour is rendered grey and shaded by a fixed light (``config.light_direction``, ``ambient``:
+    the same brightness from every view), and ``transforms.json`` says so (``render_views.mesh_has_color``
+    false, ``render_views.shading``).
 
     Args:
         mesh_path: OBJ (+MTL), GLB/glTF, PLY (see :func:`microdreamer.mesh.load.load_textured_mesh`).
@@ -75,7 +79,8 @@ def render_views(
         ``out_dir`` as a Path.
     """
     from microdreamer.mesh.load import load_textured_mesh
-    from microdreamer.render.mesh import render_mesh
+    from microdreamer.orient import up_rotation
+    from microdreamer.render.mesh import has_color, render_mesh
 
     cfg = config or ViewsConfig()
     views, held_out, size, seed = cfg.views, cfg.held_out, cfg.size, cfg.seed
@@ -88,12 +93,21 @@ def render_views(
     extent = float(np.linalg.norm(v - center, axis=1).max())
     if not extent > 0:
         raise InputError(f"mesh {mesh_path} has no extent (all vertices coincide); give a real mesh")
-    norm = Normalization(center, cfg.object_radius / extent)
-    mesh = mesh.transformed(norm.center, norm.scale)
+    rotation = np.asarray(up_rotation(cfg.up), dtype=np.float64)
+    norm = Normalization(center, cfg.object_radius / extent, rotation)
+    mesh = mesh.transformed(norm.center, norm.scale, norm.rotation)
+    coloured = has_color(mesh)
+    if not coloured:
+        logger.warning(
+            "%s has no colour (no texture, no vertex colours): its views are grey, shaded by a fixed light; "
+            "give --texture PNG for an OBJ whose MTL is missing",
+            mesh_path,
+        )
 
     el, az, flags = view_angles(views, held_out, seed)
     cams = orbit_cameras(el, az, radius=cfg.radius, fovy_deg=cfg.fovy_deg, width=size, height=size).to(device)
-    out = render_mesh(mesh, cams, background=(0.0, 0.0, 0.0), ssaa=cfg.ssaa)
+    out = render_mesh(mesh, cams, background=(0.0, 0.0, 0.0), ssaa=cfg.ssaa, light_direction=cfg.light_direction,
+                      ambient=cfg.ambient)  # fmt: skip
     alpha = out.alpha
     rgb = torch.where(alpha > 0, out.rgb / alpha.clamp_min(1e-8), torch.zeros_like(out.rgb))  # un-premultiply
     images = torch.cat([rgb.clamp(0, 1), alpha], dim=-1).cpu()
@@ -108,6 +122,15 @@ def render_views(
         "fovy_deg": cfg.fovy_deg,
         "object_radius": cfg.object_radius,
         "ssaa": cfg.ssaa,
+        "up": cfg.up,
+        "mesh_has_color": coloured,
+        "shading": "unlit: the mesh's own colours"
+        if coloured
+        else {
+            "note": "the mesh has no colour: grey (0.7) shaded by a fixed directional light plus ambient",
+            "light_direction": list(cfg.light_direction),
+            "ambient": cfg.ambient,
+        },
         "elevation_deg": [round(float(x), 4) for x in el],
         "azimuth_deg": [round(float(x), 4) for x in az],
     }

@@ -67,6 +67,16 @@ class ExportResult:
         }
 
 
+def upright(splat: Splat, up: str) -> Splat:
+    """``splat`` turned so that its up axis ``up`` (``+y``, ``-y``, ``+z``, ``-z``) points up (+y);
+    the splat itself for ``+y``."""
+    if up == "+y":
+        return splat
+    from microdreamer.orient import up_rotation
+
+    return splat.transformed(up_rotation(up))
+
+
 def splat_to_mesh(
     splat: Splat,
     field_config: FieldConfig,
@@ -113,9 +123,12 @@ def export_mesh(
     name: str = "splat",
     texture_progress: bool = False,
     post_texture: Callable[[Mesh], Mesh] | None = None,
+    stage: Callable[[str], None] | None = None,
 ) -> ExportResult:
     """Mesh ``splat`` and write it to ``path`` (.glb, .obj or .ply, atomically), textured unless
     ``config.texture.mode == "none"``; stages ``field``, ``mesh``, ``texture`` and ``export`` on ``timer``.
+    The splat is first turned so that its up axis ``config.up`` points up (+y): the mesh is written in
+    the splat's units and position, in that orientation.
 
     Args:
         splat: N Gaussians (any device; moved to ``device``).
@@ -128,19 +141,55 @@ def export_mesh(
         texture_progress: progress bars of the texture bake.
         post_texture: applied to the textured mesh before it is written (generate's stage 2, which
             times itself); not called for an untextured export.
+        stage: called with a one-line message as each stage starts (a caller shows it).
+
+    An explicit ``mesh.decimate_target`` is honoured when texturing: the texture stage's own face cap
+    (``texture.max_faces``, there to bound xatlas's time) is raised to it, and ``stage`` says so.
     """
     from microdreamer.texture import texture_mesh
 
+    say = stage or (lambda message: None)
     timer = timer or StageTimer()
-    splat = splat.to(device)
+    splat = upright(splat.to(device), config.up)
+    say(f"density field: {len(splat):,} Gaussians on a {config.field.resolution}^3 grid")
     conv = splat_to_mesh(splat, config.field, config.mesh, device, timer=timer, progress=progress, name=name)
     mesh, texture_stats = conv.mesh, {}
+    say(f"marching cubes and cleanup: {mesh.num_faces:,} faces" + (
+        f" (decimated to about {config.mesh.decimate_target:,})" if config.mesh.decimate_target else ""))  # fmt: skip
     if config.texture.mode != "none":
+        texture = texture_config_for(config)
+        if texture.max_faces != config.texture.max_faces:
+            say(f"texture: --decimate {config.mesh.decimate_target:,} is above the texture stage's face cap "
+                f"({config.texture.max_faces:,}, texture.max_faces): the mesh keeps the faces asked for "
+                "(the UV unwrap takes longer)")  # fmt: skip
         with timer.stage("texture"):
-            textured = texture_mesh(mesh, splat, config.texture, device=device, progress=texture_progress)
+            textured = texture_mesh(
+                mesh, splat, texture, device=device, progress=texture_progress, stage=stage
+            )
             mesh, texture_stats = textured.mesh, textured.stats
         if post_texture is not None:
             mesh = post_texture(mesh)
+    what = written_as(Path(path), mesh)
+    say(f"writing {path}" + (f" ({what})" if what else ""))
     with timer.stage("export"):
         written = save_mesh(mesh, path)
     return ExportResult(written, mesh, conv, texture_stats)
+
+
+def texture_config_for(config: ExportConfig):
+    """The texture settings an export runs with: ``config.texture``, its face cap raised to an explicit
+    ``mesh.decimate_target`` above it (the user asked for that many faces)."""
+    from dataclasses import replace
+
+    tex, target = config.texture, config.mesh.decimate_target
+    if target is not None and tex.max_faces is not None and target > tex.max_faces:
+        return replace(tex, max_faces=target)
+    return tex
+
+
+def written_as(path: Path, mesh: Mesh) -> str | None:
+    """How a format stores the mesh's colour when that differs from the mesh: a PLY keeps no texture,
+    so a textured mesh is written with the texture sampled at its vertices. None when nothing changes."""
+    if path.suffix.lower() == ".ply" and mesh.texture is not None:
+        return "PLY stores no texture: the texture is sampled into vertex colours"
+    return None

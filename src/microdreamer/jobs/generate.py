@@ -3,6 +3,7 @@
 
 :func:`generate` is the stage function the CLI calls. It writes, each file atomically::
 
+    OUT/input_rgba.png the prepared input: the object cut out (its mask), recentred, 256^2 RGBA
     OUT/splat.ply      the Gaussians (INRIA 3DGS layout)
     OUT/mesh.glb       the mesh extracted from them (density field -> marching cubes), its texture baked
                        from the splat and refined by stage 2 (MicroDreamer's ``main2.py``;
@@ -63,6 +64,12 @@ PRELOAD_MODULES = (
     "PIL.Image",
     "PIL.PngImagePlugin",
 )
+#: how the messages name each mask method of data.image.foreground
+MASK_NOTES = {
+    "alpha": "the image's alpha channel",
+    "rembg": "rembg (background removal)",
+    "grabcut": "GrabCut (the image has no alpha channel: a rough cut, check input_rgba.png)",
+}
 #: how the stage timer's entries add up to the three reported stages
 STAGE_GROUPS = {
     "diffusion": ("embed", "warmup", "diffusion"),
@@ -188,21 +195,26 @@ def generate(
     device: str | torch.device = "auto",
     progress: Callable[[float], None] | None = None,
     prompt: str | None = None,
+    stage: Callable[[str], None] | None = None,
 ) -> dict:
     """One image and/or a prompt in, a Gaussian splat, a mesh, previews and timings out.
 
     Args:
         image_path: RGBA (alpha used) or RGB (background removed) image of one object; None for text-to-3D.
-        out_dir: output folder (created); splat.ply, mesh.glb, views.png, timings.json go there.
+        out_dir: output folder (created); input_rgba.png (with an image), splat.ply, mesh.glb, views.png,
+            timings.json go there.
         config: :class:`GenerateConfig` (``sir.iterations``, ``sir.seed`` and ``elevation_deg`` are the
             CLI's ``--iters``, ``--seed`` and ``--elevation``).
         model: a diffusers-format folder or cached repo id (overrides ``config.prior.model``), or a
             ready :class:`~microdreamer.priors.Prior` (reused as is: no loading).
         random_weights: None, "tiny" or "full": use an untrained model of that size instead.
         device: "auto", "cpu", "cuda" or a torch device.
-        progress: called with the fraction done after each SIR iteration.
+        progress: called with 0.0 when the SIR loop starts, then with the fraction done after each SIR
+            iteration.
         prompt: the text of text-to-3D (no image: MVDream) or image+text-to-3D (ImageDream); None: image-to-3D
             (Zero123). The mode's defaults: :func:`default_config` (the CLI starts from them).
+        stage: called with a one-line message as each stage starts (the input's mask method, loading,
+            the mesh and texture stages), so a caller can show that something is happening.
 
     Returns:
         {"splat", "mesh", "views", "timings"}: the written paths, plus "seconds" (per stage),
@@ -226,10 +238,19 @@ def generate(
     timer = StageTimer()
     _preload()  # not joined: it only helps when it finishes in the shadow of the GPU work
 
-    prepared = None
+    say = stage or (lambda message: None)
+    prepared = input_path = None
     if image_path is not None:
         with timer.stage("prepare"):
             prepared = prepare_image(image_path, config.image)
+            input_path = prepared.save(out / "input_rgba.png")
+        say(f"input: the object's mask from {MASK_NOTES.get(prepared.method, prepared.method)}; the prepared "
+            f"input is {input_path}")  # fmt: skip
+    say(
+        "loading the model"
+        if random_weights is None
+        else f"building a random-weight ({random_weights}) model"
+    )
     with timer.stage("load_model"):
         prior = build_generate_prior(config, mode, device, model, random_weights)
     if prompt is not None and hasattr(prior, "set_prompt"):
@@ -249,6 +270,9 @@ def generate(
     reference = None
     if prepared is not None:
         reference = Reference(prepared.rgb, prepared.mask, config.elevation_deg, front, config.sir.radius)
+    say(f"SIR: {config.sir.iterations} iterations of {config.sir.views} views")
+    if progress is not None:
+        progress(0.0)
     result = run_sir(prior, reference, config.sir, device, progress=progress, timer=timer)
     splat = result.splat
     if len(splat) == 0:
@@ -288,7 +312,7 @@ def generate(
         writer = pool.submit(write_splat_and_views)
         exported = export_mesh(
             splat, out / "mesh.glb", config.export, device, timer=timer, name=str(image_path),
-            post_texture=post_texture,
+            post_texture=post_texture, stage=stage,
         )  # fmt: skip
         mesh, mesh_path, texture_stats = exported.mesh, exported.path, exported.texture_stats
         with timer.stage("join_writes"):  # waiting for the background writes, if they are still running
@@ -306,6 +330,7 @@ def generate(
         "seconds_after_load_and_warmup": after_load - seconds.get("warmup", 0.0),
         "image": None if image_path is None else str(image_path),
         "mask_method": None if prepared is None else prepared.method,
+        "input_rgba": None if input_path is None else input_path.name,
         "mode": mode,
         "prompt": prompt,
         "negative_prompt": config.negative_prompt if prompt is not None else None,

@@ -64,6 +64,20 @@ def load_renderable(path: str | os.PathLike):
     return load_textured_mesh(path)
 
 
+def turn_upright(source, up: str):
+    """A splat or a mesh turned so that its up axis ``up`` (``+y``, ``-y``, ``+z``, ``-z``) points up
+    (+y: the turntable's axis and the image's up); ``source`` itself for ``+y``."""
+    if up == "+y":
+        return source
+    from microdreamer.orient import up_rotation
+    from microdreamer.splat import Splat
+
+    rotation = np.asarray(up_rotation(up), dtype=np.float64)
+    if isinstance(source, Splat):
+        return source.transformed(rotation)
+    return source.transformed(np.zeros(3), 1.0, rotation)
+
+
 def splat_framing(splat) -> tuple[torch.Tensor, float]:
     """Centre and radius of a splat: robust to floaters (0.5% / 99.5% quantiles of the visible centres)."""
     with torch.no_grad():
@@ -94,6 +108,7 @@ def turntable_frames(
     backend: str = "auto",
     ssaa: int = 2,
     batch: int = 4,
+    frame: tuple[torch.Tensor, float] | None = None,
 ) -> Iterator[np.ndarray]:
     """Render ``source`` from each azimuth; yields [H, W, 3] uint8 frames (H = W = size).
 
@@ -107,6 +122,8 @@ def turntable_frames(
         backend: Gaussian renderer backend (splats).
         ssaa: supersampling of the mesh renderer (antialiased edges).
         batch: views rendered at once.
+        frame: (centre [3], radius) of the sphere the views frame; None: the source's own (so two
+            sources rendered with one ``frame`` are seen from the same cameras).
     """
     from microdreamer.splat import Splat
     from microdreamer.texture.bake import centred_orbit_cameras, framing
@@ -122,6 +139,8 @@ def turntable_frames(
             raise InputError("the mesh to render has no faces; give a triangle mesh")
         center, radius = framing(torch.as_tensor(mesh.vertices))
         splat = None
+    if frame is not None:
+        center, radius = torch.as_tensor(frame[0], dtype=torch.float32), float(frame[1])
     az = torch.as_tensor(list(azimuths_deg), dtype=torch.float32)
     cams = centred_orbit_cameras(
         torch.full_like(az, float(elevation_deg)), az, center, radius, fovy_deg, size, margin
@@ -180,7 +199,9 @@ def render_turntable(
         source: a path (see :func:`load_renderable`), a Splat or a Mesh.
         output: the file to write; its suffix picks the format.
         config: frames (over one full turn, azimuth 0 to 360 - 360 / frames), size, elevation, fps,
-            contact-sheet views (defaults: :class:`~microdreamer.config.TurntableConfig`).
+            contact-sheet views, the input's up axis (defaults:
+            :class:`~microdreamer.config.TurntableConfig`). A mesh without colour is shaded by a head
+            light (Lambertian plus ambient) instead of rendering as a flat silhouette.
         background: RGB in [0, 1].
         device, backend, ssaa: see :func:`turntable_frames`.
         progress: show a tqdm bar over the frames.
@@ -202,6 +223,7 @@ def render_turntable(
     config = config or TurntableConfig()
     if isinstance(source, str | os.PathLike):
         source = load_renderable(source)
+    source = turn_upright(source, config.up)
     count = config.sheet_views if suffix == ".png" else config.frames
     azimuths = [360.0 * k / count for k in range(count)]
     it = turntable_frames(
@@ -289,4 +311,55 @@ def save_contact_sheet(frames: np.ndarray, path: str | os.PathLike, columns: int
         Image.fromarray(contact_sheet(list(frames), columns, fill=(255, 255, 255))).save(
             tmp, format="PNG", compress_level=1
         )
+    return path
+
+
+def labelled_sheet(
+    rows: Sequence[Sequence[np.ndarray]],
+    row_labels: Sequence[str] | None = None,
+    column_labels: Sequence[str] | None = None,
+    title: str | None = None,
+    font_size: int = 14,
+) -> np.ndarray:
+    """A grid of equally sized [H, W, 3] uint8 images on white, labelled: ``column_labels`` above the
+    columns, ``row_labels`` left of the rows, an optional ``title`` line on top. Returns the
+    [H', W', 3] uint8 sheet."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(font_size)
+    h, w = rows[0][0].shape[:2]
+    n_cols = max(len(r) for r in rows)
+    pad = max(4, font_size // 3)
+    line = font_size + 2 * pad
+
+    def text_width(text: str) -> int:
+        box = font.getbbox(text)
+        return int(box[2] - box[0])
+
+    left = max((text_width(t) for t in row_labels), default=0) + 2 * pad if row_labels else 0
+    top = (line if title else 0) + (line if column_labels else 0)
+    sheet = Image.new("RGB", (left + n_cols * w, top + len(rows) * h), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    if title:
+        draw.text((pad, pad), title, fill=(0, 0, 0), font=font)
+    for c, text in enumerate(column_labels or ()):
+        x = left + c * w + max(0, (w - text_width(text)) // 2)
+        draw.text((x, top - line + pad), text, fill=(0, 0, 0), font=font)
+    for r, images in enumerate(rows):
+        for c, image in enumerate(images):
+            sheet.paste(Image.fromarray(np.ascontiguousarray(image)), (left + c * w, top + r * h))
+        if row_labels:
+            draw.text((pad, top + r * h + (h - font_size) // 2), row_labels[r], fill=(0, 0, 0), font=font)
+    return np.asarray(sheet)
+
+
+def save_labelled_sheet(
+    path: str | os.PathLike, rows, row_labels=None, column_labels=None, title=None
+) -> Path:
+    """:func:`labelled_sheet` written as a PNG (atomically)."""
+    from PIL import Image
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        Image.fromarray(labelled_sheet(rows, row_labels, column_labels, title)).save(tmp, format="PNG")
     return path

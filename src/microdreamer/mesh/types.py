@@ -111,9 +111,12 @@ class Mesh:
         vertices = np.compress(used, self.vertices, axis=0)
         return Mesh(vertices, new_index[faces], colors, uv, self.texture)
 
-    def transformed(self, center: np.ndarray, scale: float) -> Mesh:
-        """A copy with vertices mapped to ``(vertices - center) * scale`` (colours, UVs, texture kept)."""
+    def transformed(self, center: np.ndarray, scale: float, rotation: np.ndarray | None = None) -> Mesh:
+        """A copy with vertices mapped to ``scale * R (vertices - center)`` (R = ``rotation``, [3, 3],
+        default the identity; colours, UVs, texture kept)."""
         v = (self.vertices.astype(np.float64) - np.asarray(center, dtype=np.float64)) * float(scale)
+        if rotation is not None:
+            v = v @ np.asarray(rotation, dtype=np.float64).T
         return Mesh(v, self.faces, self.vertex_colors, self.uv, self.texture)
 
     def texture_float(self) -> np.ndarray | None:

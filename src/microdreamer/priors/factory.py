@@ -124,7 +124,11 @@ def build_random_zero123(
     """A Zero123 model of the given architecture with random weights (PyTorch's default initialisation,
     seeded), built directly on ``device`` and cast to ``dtype``."""
     from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    from microdreamer.priors.zero123 import clip_image_processor_class
+
+    CLIPImageProcessor = clip_image_processor_class()
 
     arch = architecture(size)
     device = torch.device(device)
@@ -312,13 +316,11 @@ def build_random_mvdream(
     """
     from diffusers import AutoencoderKL
     from diffusers.models.attention_processor import AttnProcessor2_0
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPTextConfig,
-        CLIPTextModel,
-        CLIPVisionConfig,
-        CLIPVisionModel,
-    )
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPVisionConfig, CLIPVisionModel
+
+    from microdreamer.priors.zero123 import clip_image_processor_class
+
+    CLIPImageProcessor = clip_image_processor_class()
 
     from microdreamer.priors.mvdream import MultiViewComponents, MultiViewUNet, MultiViewUNetConfig
 

@@ -695,8 +695,11 @@ def load_components(
     tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer", local_files_only=True)
     image_encoder = feature_extractor = None
     if image_prompt:
-        from transformers import CLIPImageProcessor, CLIPVisionModel
+        from transformers import CLIPVisionModel
 
+        from microdreamer.priors.zero123 import clip_image_processor_class
+
+        CLIPImageProcessor = clip_image_processor_class()
         image_encoder = CLIPVisionModel.from_pretrained(path / "image_encoder", dtype=dtype, attn_implementation="sdpa",
                                                         local_files_only=True)  # fmt: skip
         feature_extractor = CLIPImageProcessor.from_pretrained(

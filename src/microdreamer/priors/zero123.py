@@ -24,6 +24,7 @@ cache with ``local_files_only=True``. diffusers and transformers are imported on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -46,6 +47,44 @@ logger = logging.getLogger(__name__)
 SUBFOLDERS = ("unet", "vae", "image_encoder", "feature_extractor", "clip_camera_projection")
 
 
+class _DropEmptyFp32Notice(logging.Filter):
+    """Drops diffusers' "There are modules in X that should be kept in float32: []" warning, which it
+    logs on every ``.to(dtype)`` even when no module must be kept (the empty list): nothing for the user
+    to act on. The same warning with modules listed passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "should be kept in float32: []" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_library_notices():
+    """Silence, while models are built and moved, the library log records that are not the user's
+    business (see :class:`_DropEmptyFp32Notice`)."""
+    log = logging.getLogger("diffusers.models.modeling_utils")
+    notice = _DropEmptyFp32Notice()
+    log.addFilter(notice)
+    try:
+        yield
+    finally:
+        log.removeFilter(notice)
+
+
+def clip_image_processor_class() -> type:
+    """transformers' CLIP image processor class. Without torchvision, ``CLIPImageProcessor`` (whose
+    default backend needs it) falls back to ``CLIPImageProcessorPil`` and warns that it did; this takes
+    the PIL class directly then (the same processing), so there is nothing to warn about."""
+    import importlib.util
+
+    import transformers
+
+    if importlib.util.find_spec("torchvision") is None:
+        try:
+            return transformers.CLIPImageProcessorPil
+        except (AttributeError, ImportError):  # older transformers: CLIPImageProcessor is the PIL one
+            pass
+    return transformers.CLIPImageProcessor
+
+
 @dataclass
 class Zero123Components:
     """The networks of a Zero123 model (eval mode, no gradients)."""
@@ -59,9 +98,13 @@ class Zero123Components:
 
     def to(self, device, dtype: torch.dtype | None = None) -> Zero123Components:
         """Move every network to ``device`` and, where it differs, cast it to ``dtype``."""
-        for m in self.modules():
-            current = next(m.parameters()).dtype
-            m.to(device=device, dtype=dtype if dtype is not None and dtype != current else None)
+        with quiet_library_notices():
+            for m in self.modules():
+                current = next(m.parameters()).dtype
+                if dtype is not None and dtype != current:
+                    m.to(device=device, dtype=dtype)
+                else:  # no dtype argument at all: diffusers warns about one even when it is None
+                    m.to(device=device)
         return self
 
     def modules(self) -> list[torch.nn.Module]:
@@ -280,8 +323,9 @@ def load_components(
     the UNet and the VAE (93% of the weights) through :func:`load_diffusers_model`, straight to ``device``;
     the CLIP image encoder through transformers on the CPU, then moved."""
     from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
+    from transformers import CLIPVisionModelWithProjection
 
+    CLIPImageProcessor = clip_image_processor_class()
     path, device = Path(path), torch.device(device)
     unet = load_diffusers_model(UNet2DConditionModel, path / "unet", device, dtype)
     vae = load_diffusers_model(AutoencoderKL, path / "vae", device, dtype)

@@ -206,6 +206,18 @@ def _composite_chunk(expo_coef: torch.Tensor, feats: torch.Tensor, basis: torch.
     return torch.bmm(weights, feats)
 
 
+def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` for an integer ``index`` of any shape: [*index.shape, D] from ``table`` [R, D].
+
+    Through ``index_select``, whose backward accumulates with ``index_add_``: deterministic on the CPU
+    with any number of threads (and no slower). Advanced indexing (``table[index]``) accumulates its
+    backward with ``index_put_(accumulate=True)``, which on the CPU with more than one thread adds
+    float32 values with atomics in whatever order the threads run, so two identical training runs
+    drift apart (the gradients differ in the last bits, then densification diverges).
+    """
+    return table.index_select(0, index.reshape(-1)).view(*index.shape, table.shape[-1])
+
+
 def _exponent_coefficients(
     xy: torch.Tensor, conic: torch.Tensor, opac: torch.Tensor, centre: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
@@ -300,11 +312,19 @@ def rasterize(
             ux, uy = u.unbind(-1)
             basis = torch.stack([torch.ones_like(ux), ux, uy, 0.5 * ux * ux, ux * uy, 0.5 * uy * uy], -1)
 
-        means_flat = proj.means2d.reshape(C * N, 2)
-        conic_flat = proj.conics.reshape(C * N, 3)
-        opac_flat = opacities[None, :].expand(C, N).reshape(C * N)
-        # a channel of ones accumulates alpha = sum_i w_i alongside the features
-        feat_flat = torch.cat([feats.reshape(C * N, K), torch.ones(C * N, 1, device=dev, dtype=dt)], -1)
+        # one table of every per-(camera, Gaussian) input of a chunk: mean (2), conic (3), opacity (1),
+        # features (K) and a channel of ones that accumulates alpha = sum_i w_i alongside them; a chunk
+        # gathers its rows with one index_select (see gather_rows: a deterministic backward on the CPU)
+        table = torch.cat(
+            [
+                proj.means2d.reshape(C * N, 2),
+                proj.conics.reshape(C * N, 3),
+                opacities[None, :, None].expand(C, N, 1).reshape(C * N, 1),
+                feats.reshape(C * N, K),
+                torch.ones(C * N, 1, device=dev, dtype=dt),
+            ],
+            -1,
+        )
         outs, tiles_done = [], []
         i = 0
         n_ne = len(ne_counts)
@@ -322,10 +342,9 @@ def rasterize(
                 t_local = tiles_b % (th * tw)
                 origin = torch.stack([t_local % tw, torch.div(t_local, tw, rounding_mode="floor")], -1).to(dt)
                 centre = origin * tile_size + 0.5 * tile_size  # [b, 2]
-            expo_coef = _exponent_coefficients(
-                means_flat[gid], conic_flat[gid], opac_flat[gid], centre, valid
-            )
-            outs.append(_composite_chunk(expo_coef, feat_flat[gid], basis))
+            rows = gather_rows(table, gid)  # [b, m, 7 + K]
+            expo_coef = _exponent_coefficients(rows[..., :2], rows[..., 2:5], rows[..., 5], centre, valid)
+            outs.append(_composite_chunk(expo_coef, rows[..., 6:], basis))
             tiles_done.append(tiles_b)
             i += b
         done = torch.cat(tiles_done)

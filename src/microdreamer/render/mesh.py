@@ -8,7 +8,9 @@ Used for ground-truth views (``render-views``), previews and texture baking. Two
   every face, float64), for tests and as the baseline of benchmarks.
 * :func:`render_mesh` -> :class:`MeshRender`: colours from vertex colours or a UV texture (bilinear,
   repeating), alpha, depth and world-space normals, with optional supersampling; built from
-  :func:`interpolate`, :func:`sample_texture` and :func:`shade`.
+  :func:`interpolate`, :func:`sample_texture` and :func:`shade`. A mesh without colour is shaded by
+  :func:`lighting` (Lambertian, a head light or a fixed one, plus ambient) instead of rendering as a
+  flat silhouette.
 
 Semantics shared by both rasterisers
 ------------------------------------
@@ -416,8 +418,17 @@ def _covered(fragments: Fragments) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _interpolate_at(attributes: torch.Tensor, faces: torch.Tensor, fid: torch.Tensor, bary: torch.Tensor):
     """[P, D] attributes ([V, D] per vertex or [F, 3, D] per corner) at P points (faces fid, bary [P, 3])."""
-    corner = attributes[faces[fid]] if attributes.dim() == 2 else attributes[fid]  # [P, 3, D]
+    if attributes.dim() == 2:
+        corner = _gather(attributes, faces[fid])  # [P, 3, D]
+    else:
+        corner = _gather(attributes.reshape(attributes.shape[0], -1), fid).view(-1, 3, attributes.shape[-1])
     return (bary[..., None] * corner).sum(dim=-2)
+
+
+def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` ([*index.shape, D] from [R, D]) through ``index_select``: its backward
+    (``index_add_``) is deterministic on the CPU with several threads, advanced indexing's is not."""
+    return table.index_select(0, index.reshape(-1)).view(*index.shape, table.shape[-1])
 
 
 def _scatter_pixels(values: torch.Tensor, idx: torch.Tensor, shape) -> torch.Tensor:
@@ -450,7 +461,7 @@ def sample_texture(texture: torch.Tensor, uv: torch.Tensor) -> torch.Tensor:
     flat = texture.reshape(-1, D)
 
     def at(yi, xi):
-        return flat[yi * Wt + xi]
+        return _gather(flat, yi * Wt + xi)
 
     top = at(y0, x0) * (1 - fx) + at(y0, x1) * fx
     bottom = at(y1, x0) * (1 - fx) + at(y1, x1) * fx
@@ -474,9 +485,74 @@ def vertex_normals(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(acc, dim=-1)[inverse]
 
 
-def shade(mesh: Any, fragments: Fragments, default_color: Sequence[float] = (0.7, 0.7, 0.7)) -> torch.Tensor:
-    """Unlit surface colour per pixel: the UV texture when the mesh has ``uv`` and ``texture``, else its
-    ``vertex_colors``, else ``default_color``.
+#: the share of a lit surface's brightness that does not depend on its normal
+AMBIENT = 0.3
+LIGHTING = ("auto", "unlit", "lit")
+
+
+def has_color(mesh: Any) -> bool:
+    """True when the mesh carries colour: a UV texture (``uv`` and ``texture``) or ``vertex_colors``."""
+    textured = getattr(mesh, "uv", None) is not None and getattr(mesh, "texture", None) is not None
+    return textured or getattr(mesh, "vertex_colors", None) is not None
+
+
+def _view_directions(cameras: Cameras) -> torch.Tensor:
+    """[C, H, W, 3] world-space unit directions from each pixel's surface point towards its camera
+    (minus the ray through the pixel centre)."""
+    H, W = cameras.height, cameras.width
+    dev = cameras.device
+    ys, xs = torch.meshgrid(
+        torch.arange(H, device=dev, dtype=torch.float32) + 0.5,
+        torch.arange(W, device=dev, dtype=torch.float32) + 0.5,
+        indexing="ij",
+    )
+    pix = torch.stack([xs, ys, torch.ones_like(xs)], -1)  # [H, W, 3]
+    rays_cam = torch.einsum("cij,hwj->chwi", torch.linalg.inv(cameras.Ks.float()), pix)
+    rays = torch.einsum("cji,chwj->chwi", cameras.viewmats[:, :3, :3].float(), rays_cam)  # R^T d
+    return -torch.nn.functional.normalize(rays, dim=-1)
+
+
+def lighting(
+    normals: torch.Tensor,
+    cameras: Cameras,
+    light_direction: Sequence[float] | torch.Tensor | None = None,
+    ambient: float = AMBIENT,
+) -> torch.Tensor:
+    """[C, H, W, 1] Lambertian brightness in [ambient, 1] of surface points with ``normals``.
+
+    ``ambient + (1 - ambient) * max(0, n . l)``, two-sided: each normal is first turned towards the
+    camera (so a mesh's winding does not matter). ``l`` is the unit direction towards the light: with
+    ``light_direction`` None, a head light (the light sits at each camera: ``l`` is the direction to the
+    camera, so faces seen head-on are brightest and grazing ones darkest); else that fixed world-space
+    direction (the same light in every view, so a surface's brightness does not depend on the view:
+    what a reconstruction from the views needs).
+
+    Args:
+        normals: [C, H, W, 3] world-space unit normals (0 where empty: brightness ``ambient`` there).
+        cameras: the C cameras of H x W pixels the normals were rendered from.
+        light_direction: None, or 3 values (world space, towards the light; normalised here).
+        ambient: the share of brightness given regardless of the normal.
+    """
+    view = _view_directions(cameras).to(normals.device)
+    n = torch.where((normals * view).sum(-1, keepdim=True) < 0, -normals, normals)
+    if light_direction is None:
+        light = view
+    else:
+        light = torch.nn.functional.normalize(
+            torch.as_tensor(light_direction, dtype=torch.float32, device=normals.device), dim=-1
+        )
+    cos = (n * light).sum(-1, keepdim=True).clamp_min(0.0)
+    return ambient + (1.0 - ambient) * cos
+
+
+def shade(
+    mesh: Any,
+    fragments: Fragments,
+    default_color: Sequence[float] = (0.7, 0.7, 0.7),
+    brightness: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Surface colour per pixel: the UV texture when the mesh has ``uv`` and ``texture``, else its
+    ``vertex_colors``, else ``default_color``; times ``brightness`` when given (see :func:`lighting`).
 
     Args:
         mesh: an object with ``faces`` [F, 3] and optionally ``uv`` [V, 2] (OBJ convention, see
@@ -484,6 +560,7 @@ def shade(mesh: Any, fragments: Fragments, default_color: Sequence[float] = (0.7
             :class:`microdreamer.mesh.Mesh` holds it; or float in [0, 1], e.g. a tensor being
             optimised), ``vertex_colors`` [V, 3] float in [0, 1] (NumPy arrays or tensors).
         fragments: from :func:`rasterize` of this mesh.
+        brightness: [C, H, W, 1] factor per pixel (e.g. from :func:`lighting`); None: unlit.
 
     Returns:
         [C, H, W, 3] float32 colour, 0 where empty.
@@ -503,6 +580,8 @@ def shade(mesh: Any, fragments: Fragments, default_color: Sequence[float] = (0.7
         values = _interpolate_at(colors[:, :3], faces, fid, bary)
     else:
         values = torch.as_tensor(default_color, dtype=torch.float32, device=dev).expand(idx.shape[0], 3)
+    if brightness is not None:
+        values = values * brightness.reshape(-1, 1)[idx]
     return _scatter_pixels(values, idx, fragments.face_id.shape)
 
 
@@ -516,8 +595,11 @@ def render_mesh(
     default_color: Sequence[float] = (0.7, 0.7, 0.7),
     camera_batch: int | None = None,
     max_candidates: int = 1 << 22,
+    lighting_mode: str = "auto",
+    light_direction: Sequence[float] | None = None,
+    ambient: float = AMBIENT,
 ) -> MeshRender:
-    """Render a mesh's unlit colour, coverage, depth and normals from C cameras.
+    """Render a mesh's colour, coverage, depth and normals from C cameras.
 
     Args:
         mesh: ``vertices`` [V, 3], ``faces`` [F, 3] and optional ``uv``, ``texture``,
@@ -531,6 +613,11 @@ def render_mesh(
         smooth_normals: interpolate vertex normals (True) or use the face normals.
         camera_batch: cameras rasterised at once; default: as many as keep about 4M supersampled
             pixels per batch.
+        lighting_mode: ``"auto"`` (the default): a mesh with colour (texture or vertex colours) renders
+            unlit, its colours as they are; a mesh without colour is shaded with :func:`lighting`
+            (``default_color`` times Lambertian brightness), so its shape shows instead of a flat
+            silhouette. ``"unlit"`` or ``"lit"`` force one or the other.
+        light_direction, ambient: the light (see :func:`lighting`): None = a head light at each camera.
 
     Returns:
         :class:`MeshRender` (rgb, alpha, depth, normals at H x W).
@@ -545,6 +632,9 @@ def render_mesh(
         raise ValueError(f"background must be 3 values or [C, 3] = [{C}, 3], got {tuple(bg.shape)}")
     if ssaa < 1:
         raise ValueError(f"ssaa must be >= 1, got {ssaa}")
+    if lighting_mode not in LIGHTING:
+        raise ValueError(f"lighting_mode must be one of {', '.join(LIGHTING)}, got {lighting_mode!r}")
+    lit = lighting_mode == "lit" or (lighting_mode == "auto" and not has_color(mesh))
     if camera_batch is None:
         camera_batch = max(1, (4 << 20) // (H * W * ssaa * ssaa))
     normals_v = vertex_normals(vertices, faces) if smooth_normals and faces.shape[0] else None
@@ -559,13 +649,17 @@ def render_mesh(
         big = Cameras(cams.viewmats, cams.Ks.clone(), W * ssaa, H * ssaa, cams.near, cams.far)
         big.Ks[:, :2] *= ssaa  # fx, fy, cx, cy in supersampled pixels
         frags = rasterize(vertices, faces, big, cull_backfaces=cull_backfaces, max_candidates=max_candidates)
-        color = shade(mesh, frags, default_color)
         if faces.shape[0] == 0:
-            normal = torch.zeros_like(color)
+            normal = torch.zeros(*frags.face_id.shape, 3, device=dev)
         elif normals_v is not None:
             normal = interpolate(normals_v, frags, faces)
         else:
             normal = normals_f[frags.face_id.clamp_min(0)] * frags.alpha
+        brightness = None
+        if lit:
+            unit = torch.nn.functional.normalize(normal.detach(), dim=-1)
+            brightness = lighting(unit, big, light_direction, ambient)
+        color = shade(mesh, frags, default_color, brightness)
         # channels-first [c, 8, sH, sW], all premultiplied by coverage, averaged over s x s blocks
         parts = (color, frags.alpha, frags.depth, normal)
         stacked = torch.cat([x.permute(0, 3, 1, 2) for x in parts], dim=1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,12 @@ class TextureResult:
     stats: dict
 
 
+def stats_line(stats: dict) -> str:
+    """The unwrap's numbers in words: faces, charts, atlas use."""
+    return (f"{stats.get('faces', 0):,} faces in {stats.get('charts', 0):,} charts, "
+            f"{100 * stats.get('utilization', 0):.0f}% of the atlas used")  # fmt: skip
+
+
 def texture_mesh(
     mesh: Mesh,
     splat,
@@ -94,6 +101,7 @@ def texture_mesh(
     device: str | torch.device = "cpu",
     targets_fn: TargetsFn | None = None,
     progress: bool = False,
+    stage: Callable[[str], None] | None = None,
 ) -> TextureResult:
     """Unwrap ``mesh`` and bake the texture of ``splat`` onto it (see the module docstring).
 
@@ -105,6 +113,8 @@ def texture_mesh(
         targets_fn: refinement targets, cameras -> [C, H, W, 3 or 4]; None = the splat's own renders
             (:func:`splat_targets`). Used only when ``config.refine.steps > 0``.
         progress: tqdm progress bars for the bake and the refinement.
+        stage: optional ``stage(message)`` called as each step starts (unwrap, texels, bake, fill,
+            refinement), so none of them runs silently.
 
     Returns:
         :class:`TextureResult`.
@@ -116,13 +126,21 @@ def texture_mesh(
         raise ValueError("cannot texture an empty mesh (0 faces)")
     device = torch.device(device)
     seconds: dict[str, float] = {}
+    say = stage or (lambda message: None)
 
+    cap = config.max_faces
+    if cap is not None and mesh.num_faces > cap:
+        say(f"texture: decimating {mesh.num_faces:,} -> {cap:,} faces (texture.max_faces), then the UV unwrap "
+            "(xatlas, one CPU thread: ~10 s at 50k faces)")  # fmt: skip
+    else:
+        say(f"texture: UV unwrap of {mesh.num_faces:,} faces (xatlas, one CPU thread: ~10 s at 50k faces)")
     layout = unwrap(mesh, config.max_faces, config.size, config.padding, config.chart_iterations)
     seconds["decimate"] = layout.stats["seconds"]["decimate"]
     seconds["unwrap"] = layout.stats["seconds"]["xatlas"]
     stats = {"mode": config.mode, "size": config.size}
     stats.update({k: v for k, v in layout.stats.items() if k != "seconds"})
 
+    say(f"texture: {stats_line(layout.stats)}; sampling the {config.size}^2 atlas's texels")
     start = time.perf_counter()
     verts = torch.as_tensor(layout.mesh.vertices, device=device)
     faces = torch.as_tensor(layout.mesh.faces, device=device)
@@ -134,6 +152,7 @@ def texture_mesh(
     if config.mode == "bake":
         center, radius = framing(verts)
         cameras = bake_cameras(config.bake.views, center, radius)
+        say(f"texture: baking from {len(cameras)} splat renders of {config.bake.views.size}^2")
         colors, seen, bake_stats = bake_views(
             samples, verts, faces, cameras, splat_render_fn(splat, config.bake.backend), config.bake, progress
         )
@@ -142,6 +161,7 @@ def texture_mesh(
     else:
         from microdreamer.field import FieldConfig
 
+        say("texture: the splat's colour field at every texel")
         start = time.perf_counter()
         colors, seen, field_stats = bake_field(
             samples, splat, FieldConfig(cutoff_tol=config.field_cutoff_tol)
@@ -149,6 +169,7 @@ def texture_mesh(
         seconds["field"] = time.perf_counter() - start
         stats.update(field_stats)
 
+    say("texture: filling the texels no view saw (nearest seen surface point) and the gutters")
     start = time.perf_counter()
     texture, fill_stats = fill_texture(samples, colors, seen)
     seconds["fill"] = time.perf_counter() - start
@@ -156,6 +177,7 @@ def texture_mesh(
     out = layout.with_texture(texture)
 
     if config.refine.steps > 0:
+        say(f"texture: refining for {config.refine.steps} steps")
         fn = targets_fn if targets_fn is not None else splat_targets(splat, config.bake.backend)
         out, refine_stats = refine_texture(out, fn, config.refine, device, progress=progress)
         seconds["refine"] = refine_stats["seconds"]
