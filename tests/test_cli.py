@@ -179,11 +179,15 @@ def test_bad_non_finite(tmp_path, capsys):
     _bad_input(tmp_path, capsys, ["mesh", p], "2 non-finite values")
 
 
-def test_bad_zero_quaternion(tmp_path, capsys):
+def test_zero_quaternion_is_dropped_with_a_warning(tmp_path, capsys, caplog):
+    """Policy (splat.py): a Gaussian with no orientation is dropped, named in a warning; the rest mesh."""
     rows = _rows(5)
     rows[2, 10:14] = 0
     p = _ply(tmp_path / "p.ply", PROPS, rows)
-    _bad_input(tmp_path, capsys, ["mesh", p], "1 Gaussians have zero-length rotation quaternions")
+    assert run_cli("mesh", p, "-o", tmp_path / "m.ply", "--resolution", 16, "--texture", "none",
+                   "--threshold", 0.01) == 0  # fmt: skip
+    assert "dropped 1 of 5 Gaussians" in caplog.text and "#2" in caplog.text
+    assert "Gaussians: 4 read" in capsys.readouterr().out
 
 
 def test_bad_empty_splat(tmp_path, capsys):
@@ -204,7 +208,7 @@ def test_bad_threshold_never_reached(tmp_path, capsys):
         capsys,
         ["mesh", tmp_path / "s.ply", "--threshold", 1e6, "--resolution", 24],
         "never reaches the iso-level",
-        "lower threshold",
+        "lower --threshold",
     )
 
 

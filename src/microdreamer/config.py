@@ -234,6 +234,7 @@ class MeshConfig(Config):
 
     def validate(self) -> None:
         self.choose("backend", MESH_BACKENDS)
+        self.require("threshold", self.threshold > 0.0, "must be positive (the density is never negative)")
         self.require("min_component_fraction", 0.0 <= self.min_component_fraction <= 1.0, "must be in [0, 1]")
         self.require("merge_tolerance", self.merge_tolerance >= 0.0, "must be 0 or more")
         self.require("decimate_target", self.decimate_target is None or self.decimate_target >= 4,

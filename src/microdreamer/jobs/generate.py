@@ -144,7 +144,7 @@ def generate(
     Raises:
         InputError: bad image, missing model, unusable settings (one line each).
     """
-    from microdreamer.jobs.export import export_mesh
+    from microdreamer.jobs.export import PRESET_SETTINGS, export_mesh
     from microdreamer.splat import write_ply
 
     config = config or GenerateConfig()
@@ -188,8 +188,9 @@ def generate(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="microdreamer-write") as pool:
         writer = pool.submit(write_splat_and_views)
         exported = export_mesh(
-            splat, out / "mesh.glb", config.export, device, timer=timer, name=str(image_path)
-        )
+            splat, out / "mesh.glb", config.export, device, timer=timer, name=str(image_path),
+            settings=PRESET_SETTINGS,
+        )  # fmt: skip
         mesh, mesh_path, texture_stats = exported.mesh, exported.path, exported.texture_stats
         with timer.stage("join_writes"):  # waiting for the background writes, if they are still running
             splat_path, views_path = writer.result()
