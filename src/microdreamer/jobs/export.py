@@ -184,15 +184,31 @@ def prepare_field(
     return prepared, grid
 
 
+def check_precision(grid: GridSpec, name: str = "splat") -> None:
+    """InputError when the grid lies so far from the origin that float32 positions (the mesh's) cannot
+    resolve an eighth of its voxel: such a mesh would collapse onto a few representable points."""
+    import numpy as np
+
+    reach = max(abs(c) for c in grid.center) + 1.0 / grid.scale
+    ulp = float(np.spacing(np.float32(min(reach, 3.4e38))))
+    if not ulp <= grid.spacing / 8:
+        raise InputError(
+            f"{name}: the Gaussians lie {reach:.3g} from the origin, where float32 positions cannot resolve the "
+            f"grid's {grid.spacing:.3g}-wide voxels; translate the splat towards the origin"
+        )
+
+
 def _far_gaussians(means: torch.Tensor) -> tuple[torch.Tensor, float, float] | None:
-    """Centres far from the bulk: (mask [N], full extent, extent of the central 98 %), or None when the
+    """Centres far from the bulk: (mask [N], full extent, extent of the central 98 % (at least all but
+    2 at each end)), or None when the
     bounding box is not dominated by a few far Gaussians (full extent < 100x the bulk's)."""
     import numpy as np
 
     m = means.detach().double().cpu().numpy()
     if m.shape[0] < 2:
         return None
-    lo, hi = np.quantile(m, 0.01, axis=0), np.quantile(m, 0.99, axis=0)
+    q = max(0.01, min(0.1, 2.0 / m.shape[0]))  # the central 98 %, leaving out at least 2 at each end
+    lo, hi = np.quantile(m, q, axis=0, method="higher"), np.quantile(m, 1.0 - q, axis=0, method="lower")
     bulk = float((hi - lo).max())
     full = float((m.max(0) - m.min(0)).max())
     if not full > 100.0 * bulk:
@@ -234,6 +250,13 @@ def no_surface_error(
         )
     if vmax <= t:
         if vmax == 0.0:
+            widest = float((splat.scales().detach().cpu().amax(-1)[kept]).max()) * fld.grid.scale
+            voxels = widest * (field_config.resolution - 1) / 2.0  # the largest scale in grid spacings
+            if voxels < 1e-2:
+                return InputError(
+                    f"{name}: the density is 0 at every grid point: the widest Gaussian spans {voxels:.2g} of "
+                    "a voxel, so no grid can sample them; check the splat's scale_* values"
+                )
             return InputError(
                 f"{name}: the density is 0 at every grid point (the Gaussians are smaller than the grid's "
                 f"spacing); use a higher {settings['resolution']}"
@@ -281,6 +304,7 @@ def splat_to_mesh(
     check_grid_memory(field_config.resolution, device, hints["resolution"])
     with timer.stage("field"):
         prepared, grid = prepare_field(splat.to(device), field_config, name)
+        check_precision(grid, name)
         values, backend = compute_field(prepared, grid, field_config, backend="auto", progress=progress)
         fld = DensityField(values, grid, len(prepared), field_config.mode, backend)
         values = fld.values.cpu()
