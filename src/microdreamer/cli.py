@@ -512,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        progress.reset()
     return 0
 
 

@@ -978,12 +978,16 @@ def load_preset(cls: type[T], path: str | os.PathLike) -> T:
     import yaml
 
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; give the path of a YAML config preset")
     if not path.is_file():
         raise InputError(f"{path}: config preset not found; give the path of a YAML file")
+    if path.stat().st_size > 16 << 20:
+        raise InputError(f"{path}: is over 16 MB; a config preset is a short YAML file, give the right one")
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        first = str(e).splitlines()[0]
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError, OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InputError(f"{path}: not valid YAML ({first})") from None
     return from_dict(cls, data, str(path))
 

@@ -54,13 +54,13 @@ def _check_folder_writable(folder: Path, output: Path, create: bool) -> None:
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{output}: {folder} is a file, not a folder; choose another output path")
     if not folder.exists():
+        base = _nearest_existing(folder)
+        if base.exists() and not base.is_dir():
+            raise InputError(f"{output}: {base} is a file, not a folder; choose another output path")
         if not create:
             raise InputError(
                 f"{output}: the folder {folder} does not exist; create it or choose another path"
             )
-        base = _nearest_existing(folder)
-        if not base.is_dir():
-            raise InputError(f"{output}: {base} is a file, not a folder; choose another output path")
         folder = base
     probe = folder / f".microdreamer-probe-{os.getpid()}"
     try:

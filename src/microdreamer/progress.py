@@ -72,6 +72,17 @@ def configure(mode: str = "auto", stream=None, interval: float = 10.0, delay: fl
         logger.propagate = True
 
 
+def reset() -> None:
+    """Back to the library default: lines through ordinary logging (no handler of this module's own)."""
+    if _settings.handler is not None:
+        logger.removeHandler(_settings.handler)
+        _settings.handler = None
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
+    _settings.mode, _settings.stream, _settings.interval, _settings.delay = "lines", None, 10.0, 2.0
+    _settings.start = time.perf_counter()
+
+
 class _StreamHandler(logging.StreamHandler):
     """A stream handler that looks up ``sys.stderr`` at each record (pytest swaps it per test)."""
 
@@ -143,14 +154,16 @@ class Reporter:
         logger.info("%s: %d%% (%s)", self.desc, int(100 * fraction), _format_seconds(elapsed))
 
     def close(self) -> None:
-        """End the step: the bar disappears; a step that wrote lines writes its last one."""
+        """End the step: the bar disappears; a step that wrote lines, or ran longer than the delay,
+        writes its last one."""
         if self._closed:
             return
         self._closed = True
+        elapsed = time.perf_counter() - self.start
         if self._bar is not None:
             self._bar.close()
-        elif self._last_line is not None:
-            logger.info("%s: done in %s", self.desc, _format_seconds(time.perf_counter() - self.start))
+        elif _settings.mode != "off" and (self._last_line is not None or elapsed >= _settings.delay):
+            logger.info("%s: done in %s", self.desc, _format_seconds(elapsed))
 
     def __enter__(self) -> Reporter:
         return self
