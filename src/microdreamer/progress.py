@@ -137,15 +137,20 @@ class Reporter:
     def __call__(self, fraction: float) -> None:
         fraction = min(max(float(fraction), 0.0), 1.0)
         self.fraction = fraction
+        if self._closed:
+            return
         if self._bar is not None:
             self._bar.n = int(round(100 * fraction))
             self._bar.refresh()
             return
         if _settings.mode == "off":
             return
+        if fraction >= 1.0:  # the step is done: its last line now, not when the caller closes it
+            self.close()
+            return
         now = time.perf_counter()
         elapsed = now - self.start
-        if elapsed < _settings.delay or fraction < self._next_step or fraction >= 1.0:
+        if elapsed < _settings.delay or fraction < self._next_step:
             return
         if self._last_line is not None and now - self._last_line < _settings.interval:
             return

@@ -9,6 +9,22 @@ where K = (degree + 1)^2 SH coefficients per colour channel, ``f_rest`` is store
 (all of red's higher-order coefficients, then green's, then blue's), ``opacity`` is a logit,
 ``scale_*`` are natural logs and ``rot_0`` is the quaternion's w. The normals are unused (written as
 zeros, as the reference implementation does).
+
+Reading is checked before anything large is allocated: the header is read up to 1 MB, every line must
+be a valid PLY header line (no bare or duplicate property), and the vertex count must fit the bytes the
+file holds. Values must be finite float32 numbers (NaN, inf and doubles beyond float32 refuse the file,
+naming the Gaussians). Finite but degenerate Gaussians follow one policy, chosen so that the splat
+meshes as the viewers draw it, and each is named in a warning (its 0-based row in the file):
+
+* a log-scale below ``LOG_SCALE_MIN`` (-87.3: exp() underflows float32, e.g. the -200 some exporters
+  write for a flat axis) is **raised** to it: a flat disc, which is what a viewer draws for a zero
+  scale; in the density field it adds nothing off its plane either way;
+* a log-scale above ``LOG_SCALE_MAX`` (88.7: exp() overflows to inf) or a rotation quaternion shorter
+  than ``QUAT_MIN_LENGTH`` (1e-12: no orientation, viewers get NaN) makes the Gaussian **dropped**;
+* if none is left, the file is refused.
+
+The export (:func:`microdreamer.jobs.export.prepare_field`) adds a grid-relative clamp that changes no
+voxel, and names Gaussians so far from the rest that they squeeze the object into a few voxels.
 """
 
 from __future__ import annotations
