@@ -179,11 +179,15 @@ def test_bad_non_finite(tmp_path, capsys):
     _bad_input(tmp_path, capsys, ["mesh", p], "2 non-finite values")
 
 
-def test_bad_zero_quaternion(tmp_path, capsys):
+def test_zero_quaternion_is_dropped_with_a_warning(tmp_path, capsys, caplog):
+    """Policy (splat.py): a Gaussian with no orientation is dropped, named in a warning; the rest mesh."""
     rows = _rows(5)
     rows[2, 10:14] = 0
     p = _ply(tmp_path / "p.ply", PROPS, rows)
-    _bad_input(tmp_path, capsys, ["mesh", p], "1 Gaussians have zero-length rotation quaternions")
+    assert run_cli("mesh", p, "-o", tmp_path / "m.ply", "--resolution", 16, "--texture", "none",
+                   "--threshold", 0.01) == 0  # fmt: skip
+    assert "dropped 1 of 5 Gaussians" in caplog.text and "#2" in caplog.text
+    assert "Gaussians: 4 read" in capsys.readouterr().out
 
 
 def test_bad_empty_splat(tmp_path, capsys):
@@ -204,7 +208,7 @@ def test_bad_threshold_never_reached(tmp_path, capsys):
         capsys,
         ["mesh", tmp_path / "s.ply", "--threshold", 1e6, "--resolution", 24],
         "never reaches the iso-level",
-        "lower threshold",
+        "lower --threshold",
     )
 
 
@@ -468,3 +472,393 @@ def test_demo_is_identical_run_to_run_with_two_threads(tmp_path):
         assert a[key] == b[key], key
     sa, sb = read_ply(tmp_path / "a" / "splat.ply"), read_ply(tmp_path / "b" / "splat.ply")
     assert all(torch.equal(x, sb.tensors()[k]) for k, x in sa.tensors().items())
+
+
+# ---------------------------------------------------------------------------------------------------
+# issue 20: bad input and faults. Each test checks the exit status, the one error line, and that no
+# file or folder was created or changed (a snapshot of the whole test folder before and after).
+
+
+def _snapshot(root):
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        out[str(p.relative_to(root))] = "dir" if p.is_dir() else p.read_bytes()
+    return out
+
+
+def _fails_cleanly(tmp_path, capsys, args, *fragments, rc=2):
+    """Run the CLI; exit status ``rc``, the last stderr line is the only ``error:`` line and holds the
+    fragments, and nothing under tmp_path was created or changed."""
+    before = _snapshot(tmp_path)
+    code = run_cli(*args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == rc, err
+    errors = [line for line in err if line.startswith("error:")]
+    assert len(errors) == 1 and err[-1] == errors[0], err
+    assert "Traceback" not in "\n".join(err)
+    for frag in fragments:
+        assert frag in errors[0], errors[0]
+    assert _snapshot(tmp_path) == before
+    return errors[0]
+
+
+def _splat_file(tmp_path, name="s.ply", n=400, seed=2, **edits):
+    s = make_synthetic_object(n, seed=seed, scale_fraction=0.04)
+    for attr, (index, value) in edits.items():
+        getattr(s, attr)[index] = value
+    write_ply(s, tmp_path / name)
+    return tmp_path / name
+
+
+FAST = ("--resolution", 16, "--texture", "none")
+
+
+# 1. one bad Gaussian
+def test_issue20_underflowing_log_scale_still_meshes(tmp_path, capsys, caplog):
+    """Policy: an axis whose exp() underflows float32 is raised to the smallest normal scale (a flat
+    disc, as viewers draw it); the splat meshes and a warning names the Gaussian."""
+    src = _splat_file(tmp_path, log_scales=((3, 0), -200.0))
+    assert run_cli("mesh", src, "-o", tmp_path / "m.ply", *FAST) == 0
+    assert "(#3)" in caplog.text and "-200" in caplog.text
+    assert len(load(tmp_path / "m.ply").faces) > 100
+
+
+def test_issue20_integer_typed_scales_mesh_or_fail_cleanly(tmp_path, capsys):
+    src = _splat_file(tmp_path)
+    raw = src.read_bytes().replace(b"property float scale_0", b"property int scale_0")
+    (tmp_path / "i.ply").write_bytes(raw)
+    src.unlink()
+    _fails_cleanly(tmp_path, capsys, ["mesh", tmp_path / "i.ply", "-o", tmp_path / "m.ply", *FAST], "i.ply")
+
+
+def test_issue20_every_gaussian_degenerate(tmp_path, capsys):
+    src = _splat_file(tmp_path, n=5)
+    s = read_ply(src)
+    s.quats[:] = 0.0
+    write_ply(s, src)
+    _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", tmp_path / "m.glb"], "every Gaussian is degenerate")
+
+
+# 2. -o equal to the input
+@pytest.mark.parametrize("how", ["same", "hardlink", "symlink"])
+def test_issue20_output_equal_to_input(tmp_path, capsys, how):
+    src = _splat_file(tmp_path)
+    out = src
+    if how == "hardlink":
+        out = tmp_path / "link.ply"
+        out.hardlink_to(src)
+    elif how == "symlink":
+        out = tmp_path / "link.ply"
+        out.symlink_to(src)
+    _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", out, *FAST], "is the input")
+
+
+# 3. duplicate property names, in mesh and in render
+@pytest.mark.parametrize("command", ["mesh", "render"])
+def test_issue20_duplicate_property(tmp_path, capsys, command):
+    src = _splat_file(tmp_path)
+    src.write_bytes(src.read_bytes().replace(b"property float nx", b"property float x"))
+    out = tmp_path / ("m.glb" if command == "mesh" else "t.png")
+    _fails_cleanly(tmp_path, capsys, [command, src, "-o", out], "property 'x' appears twice")
+
+
+# 4. memory weighed against the input
+@pytest.mark.parametrize("count", [10**9, 10**12])
+def test_issue20_huge_vertex_count(tmp_path, capsys, count):
+    src = _splat_file(tmp_path)
+    src.write_bytes(src.read_bytes().replace(b"element vertex 400", f"element vertex {count}".encode()))
+    _fails_cleanly(
+        tmp_path, capsys, ["mesh", src, "-o", tmp_path / "m.glb"], f"declares {count}", "holds 400"
+    )
+
+
+def test_issue20_header_without_length_limit(tmp_path, capsys):
+    src = tmp_path / "zeros.ply"
+    with open(src, "wb") as f:
+        f.write(b"ply\nformat binary_little_endian 1.0\ncomment ")
+        f.truncate(1 << 30)  # 1 GB of zeros (sparse)
+    _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", tmp_path / "m.glb"], "header runs past 1 MB")
+
+
+def test_issue20_grid_weighed_against_memory(tmp_path, capsys, monkeypatch):
+    from microdreamer import io_utils
+
+    monkeypatch.setattr(io_utils, "free_host_memory", lambda: 4 << 30)  # a 4 GB machine
+    src = _splat_file(tmp_path)
+    msg = _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", tmp_path / "m.glb", "--resolution", 2048],
+                         "--resolution 2048: the 2048^3 grid needs about", "4.0 GB are free")  # fmt: skip
+    fit = int(msg.split("use --resolution ")[1].split()[0])
+    from microdreamer.jobs.export import MEMORY_SHARE, grid_memory
+
+    # the advice fits, and is close to the largest that does
+    assert grid_memory(fit, torch.device("cpu"))["host"] <= MEMORY_SHARE * (4 << 30)
+    assert grid_memory(int(fit * 1.04) + 1, torch.device("cpu"))["host"] > MEMORY_SHARE * (4 << 30)
+
+
+def test_issue20_grid_2048_refused_on_this_machine(tmp_path, capsys):
+    """2048^3 needs ~100 GB; refused before the splat is read unless the host has that much free."""
+    from microdreamer.io_utils import free_host_memory
+    from microdreamer.jobs.export import MEMORY_SHARE, grid_memory
+
+    if grid_memory(2048, torch.device("cpu"))["host"] <= MEMORY_SHARE * free_host_memory():
+        pytest.skip("this host has the memory for a 2048^3 grid")
+    _fails_cleanly(tmp_path, capsys, ["mesh", tmp_path / "none.ply", "-o", tmp_path / "m.glb", "--resolution",
+                                      2048], "use --resolution")  # fmt: skip
+
+
+# 5. an empty mesh never reaches the writer
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("--threshold", "nan"), "--threshold nan: must be a finite number"),
+        (("--threshold", "-1"), "--threshold -1.0: must be positive"),
+        (("--threshold", "0"), "must be positive"),
+    ],
+)
+def test_issue20_thresholds_refused_up_front(tmp_path, capsys, args, fragment):
+    src = _splat_file(tmp_path)
+    _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", tmp_path / "m.glb", *args], fragment)
+
+
+def test_issue20_every_gaussian_huge(tmp_path, capsys):
+    s = make_synthetic_object(300, seed=1)
+    s.log_scales[:] = 60.0
+    write_ply(s, tmp_path / "s.ply")
+    _fails_cleanly(tmp_path, capsys, ["mesh", tmp_path / "s.ply", "-o", tmp_path / "m.glb", *FAST],
+                   "above the iso-level 1 everywhere", "wider than the whole grid", "higher --threshold")  # fmt: skip
+
+
+# 6. unwritable outputs found first
+@pytest.mark.parametrize(
+    "out", ["/proc/out.ply", "/sys/out.glb", "{tmp}/s.ply/out.glb", "{tmp}/s.ply/a/b.glb"]
+)
+def test_issue20_unwritable_output(tmp_path, capsys, monkeypatch, out):
+    import microdreamer.splat
+
+    src = _splat_file(tmp_path)
+
+    def never(*a, **k):
+        raise AssertionError("the input was read before the output was checked")
+
+    monkeypatch.setattr(microdreamer.splat, "read_ply", never)
+    _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", out.format(tmp=tmp_path)], "out")
+
+
+# 8. config floats from YAML
+@pytest.mark.parametrize(
+    "yaml_text, fragment",
+    [
+        (
+            "mesh:\n  threshold: 1.0e9\n",
+            "never reaches the iso-level 1e+09",
+        ),  # PyYAML: a string, read as a number
+        ("mesh:\n  threshold: high\n", "threshold = 'high': must be a number"),
+        ("mesh:\n  threshold: .nan\n", "must be a finite number"),
+        ("field:\n  resolution: 12.5\n", "must be an integer"),
+        ("field:\n  resolution: '1e30'\n", "must be between 2 and 2048"),
+        ("mesh: [1, 2]\n", "ExportConfig.mesh = [1, 2]: must be MeshConfig"),
+        ("mesh:\n  threshhold: 1\n", "unknown MeshConfig field"),
+        ("[" * 5000, "not valid YAML"),
+    ],
+)
+def test_issue20_preset_values(tmp_path, capsys, yaml_text, fragment):
+    src = _splat_file(tmp_path)
+    (tmp_path / "p.yaml").write_text(yaml_text)
+    args = ["mesh", src, "-o", tmp_path / "m.glb", "--config", tmp_path / "p.yaml", "--resolution", 16]
+    if "resolution" in yaml_text:
+        args = args[:-2]
+    _fails_cleanly(tmp_path, capsys, args, fragment)
+
+
+# 10. parser gaps
+def test_issue20_bare_property_and_non_numeric_ascii(tmp_path, capsys):
+    src = _splat_file(tmp_path, n=3)
+    src.write_bytes(src.read_bytes().replace(b"property float nx\n", b"property\n"))
+    _fails_cleanly(
+        tmp_path, capsys, ["mesh", src, "-o", tmp_path / "m.glb"], "malformed PLY header line 'property'"
+    )
+    rows = _rows(3)
+    head = "ply\nformat ascii 1.0\nelement vertex 3\n" + "".join(f"property float {p}\n" for p in PROPS)
+    body = "\n".join(" ".join(repr(float(v)) for v in r) for r in rows).replace(
+        repr(float(rows[1, 2])), "z?", 1
+    )
+    (tmp_path / "a.ply").write_text(head + "end_header\n" + body + "\n")
+    _fails_cleanly(
+        tmp_path, capsys, ["mesh", tmp_path / "a.ply", "-o", tmp_path / "m.glb"], "non-numeric value 'z?'"
+    )
+
+
+# 11. files beside the output
+def test_issue20_textured_obj_does_not_clobber_neighbours(tmp_path, capsys):
+    src = _splat_file(tmp_path)
+    (tmp_path / "photo.png").write_bytes(b"my holiday photo")
+    args = [
+        "mesh",
+        src,
+        "-o",
+        tmp_path / "photo.obj",
+        "--resolution",
+        16,
+        "--texture",
+        "field",
+        "--texture-size",
+        16,
+    ]
+    _fails_cleanly(tmp_path, capsys, args, "also writes photo.mtl, photo.png", "photo.png already exists")
+    # without a texture no .png/.mtl is written, so the name is fine
+    assert run_cli("mesh", src, "-o", tmp_path / "photo.obj", *FAST) == 0
+    assert (tmp_path / "photo.png").read_bytes() == b"my holiday photo"
+    # a textured OBJ elsewhere says what it writes, and may replace its own earlier files
+    (tmp_path / "t").mkdir()
+    args[3] = tmp_path / "t" / "photo.obj"
+    assert run_cli(*args) == 0
+    assert "(+ photo.mtl, photo.png)" in capsys.readouterr().out
+    assert run_cli(*args) == 0
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["photo.mtl", "photo.obj", "photo.png"]
+
+
+# 12. SIGTERM during export
+def test_issue20_sigterm_during_export_leaves_nothing(tmp_path):
+    src = _splat_file(tmp_path)
+    out = tmp_path / "m.glb"
+    script = (
+        "import os, signal, sys, pathlib\n"
+        "orig = pathlib.Path.write_bytes\n"
+        "def write_then_term(self, data):\n"
+        "    n = orig(self, data)\n"
+        "    assert self.name.startswith('.m.tmp-'), self\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return n\n"
+        "pathlib.Path.write_bytes = write_then_term\n"
+        "from microdreamer.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, "mesh", str(src), "-o", str(out), *map(str, FAST)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 143, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "error: terminated"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.ply"]
+
+
+# 13. failed runs leave no debris
+def test_issue20_mesh_into_new_folders_leaves_none_on_failure(tmp_path, capsys):
+    src = _splat_file(tmp_path)
+    _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", tmp_path / "newdir" / "sub" / "m.glb", "--threshold", 1e9,
+                                      *FAST], "never reaches")  # fmt: skip
+    assert run_cli("mesh", src, "-o", tmp_path / "newdir" / "sub" / "m.glb", *FAST) == 0
+    assert (tmp_path / "newdir" / "sub" / "m.glb").is_file()
+
+
+def test_issue20_generate_bad_image_leaves_no_folder(tmp_path, capsys):
+    from PIL import Image
+
+    Image.new("RGB", (1, 1), (200, 10, 10)).save(tmp_path / "dot.png")  # 9. a 1x1 RGB image
+    _fails_cleanly(tmp_path, capsys, ["generate", tmp_path / "dot.png", "-o", tmp_path / "out", "--random-weights",
+                                      "tiny"], "1x1 pixels", "GrabCut needs at least 16x16")  # fmt: skip
+    _fails_cleanly(
+        tmp_path, capsys, ["generate", tmp_path, "-o", tmp_path / "out"], "is a folder, not a image"
+    )
+    _fails_cleanly(
+        tmp_path, capsys, ["generate", tmp_path / "dot.png", "-o", tmp_path / "dot.png"], "not a folder"
+    )
+
+
+def _tiny_dataset(folder, size=16, views=4, held_out=1):
+    from microdreamer.cameras import orbit_cameras
+    from microdreamer.data import save_dataset
+
+    g = torch.Generator().manual_seed(0)
+    c = views + held_out
+    cams = orbit_cameras(torch.zeros(c), torch.linspace(0, 300, c), 2.0, 40.0, size, size)
+    save_dataset(folder, torch.rand(c, size, size, 4, generator=g), cams, [False] * views + [True] * held_out)
+    return folder
+
+
+def _edit(folder, fn):
+    import json
+
+    meta = json.loads((folder / "transforms.json").read_text())
+    fn(meta)
+    (folder / "transforms.json").write_text(json.dumps(meta))
+
+
+# 7. reconstruct checks transforms.json's types and values before any work
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        (lambda m: m.update(camera_angle_x="0.69"), "'camera_angle_x' is \"0.69\"; it must be a positive number"),
+        (lambda m: m.update(camera_angle_x=None), "'camera_angle_x' is null"),
+        (lambda m: m.update(camera_angle_x=0), "'camera_angle_x' is 0"),
+        (lambda m: m.update(camera_angle_x=4.0), "it must be in (0, pi)"),
+        (lambda m: [m.pop("camera_angle_x"), m.update(fl_x=0)], "'fl_x' is 0"),
+        (lambda m: m.update(w="16"), "'w' is \"16\"; it must be a positive whole number"),
+        (lambda m: m.update(h=16.5), "'h' is 16.5"),
+        (lambda m: m["frames"][1].update(transform_matrix=[[0.0] * 4] * 4), "last row"),
+        (lambda m: m["frames"][1].update(transform_matrix=[[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1]]),
+         "singular 'transform_matrix'"),
+        (lambda m: m["frames"][1]["transform_matrix"][0].__setitem__(0, float("nan")), "NaN or infinite entries"),
+        (lambda m: m["frames"][1].update(held_out="no"), "'held_out' is \"no\""),
+        (lambda m: m.update(near=2.0, far=1.0), "'near' 2 is not below 'far' 1"),
+        (lambda m: m["frames"][0].update(fl_x="wide"), "frame 0 of"),
+    ],
+)  # fmt: skip
+def test_issue20_reconstruct_bad_transforms(tmp_path, capsys, edit, fragment):
+    data = _tiny_dataset(tmp_path / "data")
+    _edit(data, edit)
+    _fails_cleanly(tmp_path, capsys, ["reconstruct", data, "-o", tmp_path / "out", "--iters", 1], fragment)
+
+
+def test_issue20_reconstruct_one_pixel_images(tmp_path, capsys):
+    data = _tiny_dataset(tmp_path / "data", size=1)
+    _fails_cleanly(tmp_path, capsys, ["reconstruct", data, "-o", tmp_path / "out", "--iters", 1],
+                   "images are 1x1 pixels", "at least 11x11")  # fmt: skip
+
+
+def test_issue20_reconstruct_failing_mesh_step_leaves_nothing(tmp_path, capsys):
+    """The mesh step fails after training: no splat.ply alone, no folder; an existing folder's earlier
+    outputs stay as they were; the advice names the setting reconstruct has (14)."""
+    data = _tiny_dataset(tmp_path / "data")
+    (tmp_path / "p.yaml").write_text("export:\n  mesh:\n    threshold: 1.0e9\n")
+    args = ["reconstruct", data, "-o", tmp_path / "out", "--iters", 2, "--config", tmp_path / "p.yaml"]
+    msg = _fails_cleanly(tmp_path, capsys, args, "export.mesh.threshold")
+    assert "--threshold" not in msg
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "splat.ply").write_bytes(b"an earlier run")
+    _fails_cleanly(tmp_path, capsys, args, "never reaches")
+
+
+# 14. messages that say what is wrong
+def test_issue20_far_gaussian_message(tmp_path, capsys):
+    src = _splat_file(tmp_path, means=((7,), 1e30))
+    msg = _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", tmp_path / "m.glb", *FAST], "#7 at (1e+30")
+    assert "lie far from the others" in msg and "lower" not in msg
+
+
+def test_issue20_directory_given_as_input(tmp_path, capsys):
+    (tmp_path / "d.obj").mkdir()
+    _fails_cleanly(
+        tmp_path, capsys, ["render-views", tmp_path / "d.obj", "-o", tmp_path / "v"], "is a folder"
+    )
+    _fails_cleanly(tmp_path, capsys, ["render", tmp_path / "d.obj", "-o", tmp_path / "t.png"], "is a folder")
+    _fails_cleanly(tmp_path, capsys, ["mesh", tmp_path / "d.obj", "-o", tmp_path / "m.glb"], "is a directory")
+
+
+def test_issue20_nan_mesh_vertex(tmp_path, capsys):
+    (tmp_path / "m.obj").write_text("v 0 0 0\nv 1 0 0\nv nan 1 0\nv 0 0 1\nf 1 2 3\nf 1 2 4\n")
+    _fails_cleanly(tmp_path, capsys, ["render-views", tmp_path / "m.obj", "-o", tmp_path / "v", "--views", 4,
+                                      "--held-out", 1, "--size", 16], "NaN or infinite coordinates")  # fmt: skip
+
+
+# progress under a pipe
+def test_issue20_progress_lines_when_stderr_is_not_a_terminal(tmp_path, capsys, monkeypatch):
+    from microdreamer import progress
+
+    configure = progress.configure
+    monkeypatch.setattr(
+        progress, "configure", lambda mode="auto", **k: configure(mode, delay=0.0, interval=0.0)
+    )
+    src = _splat_file(tmp_path)
+    assert run_cli("mesh", src, "-o", tmp_path / "m.glb", *FAST) == 0
+    err = capsys.readouterr().err
+    assert "density field: done in" in err and "marching cubes and cleanup of the 16^3 grid ..." in err
+    assert "\r" not in err

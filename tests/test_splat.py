@@ -6,7 +6,7 @@ import torch
 
 from conftest import sample
 from microdreamer.errors import InputError
-from microdreamer.splat import Splat, num_sh_coeffs, quat_to_rotmat, read_ply, write_ply
+from microdreamer.splat import LOG_SCALE_MIN, Splat, num_sh_coeffs, quat_to_rotmat, read_ply, write_ply
 from microdreamer.synthetic import make_random_splat
 
 INRIA_ORDER = (
@@ -155,15 +155,186 @@ def test_non_finite_values_are_counted(tmp_path):
     data[2, props.index("scale_2")] = np.inf
     data[4, props.index("scale_0")] = -np.inf
     _write_raw(tmp_path / "n.ply", props, data)
-    _expect_error(tmp_path / "n.ply", "3 non-finite values", "position (1)", "scale (2)")
+    _expect_error(
+        tmp_path / "n.ply", "3 non-finite values", "position (1)", "scale (2)", "Gaussians #1, #2, #4"
+    )
 
 
-def test_zero_length_quaternions(tmp_path):
+def test_zero_length_quaternions_are_dropped_and_named(tmp_path, caplog):
+    """Policy (splat.py docstring): a Gaussian with no orientation is dropped with a warning naming it."""
     props, data = _table(5)
     for p in ("rot_0", "rot_1", "rot_2", "rot_3"):
         data[[1, 3], props.index(p)] = 0.0
     _write_raw(tmp_path / "q.ply", props, data)
-    _expect_error(tmp_path / "q.ply", "2 Gaussians have zero-length rotation quaternions")
+    with caplog.at_level(logging.WARNING):
+        s = read_ply(tmp_path / "q.ply")
+    assert len(s) == 3
+    assert torch.equal(s.means, torch.from_numpy(data[[0, 2, 4]][:, :3]))
+    assert "dropped 2 of 5 Gaussians" in caplog.text and "#1, #3" in caplog.text and "all zero" in caplog.text
+
+
+def test_tiny_quaternions_are_not_called_zero(tmp_path, caplog):
+    props, data = _table(4)
+    for p in ("rot_0", "rot_1", "rot_2", "rot_3"):
+        data[2, props.index(p)] = 1e-30
+    _write_raw(tmp_path / "q.ply", props, data)
+    with caplog.at_level(logging.WARNING):
+        assert len(read_ply(tmp_path / "q.ply")) == 3
+    assert "length down to 2e-30" in caplog.text and "all zero" not in caplog.text and "#2" in caplog.text
+
+
+def test_every_gaussian_degenerate_is_an_error(tmp_path):
+    props, data = _table(3)
+    for p in ("rot_0", "rot_1", "rot_2", "rot_3"):
+        data[:, props.index(p)] = 0.0
+    _write_raw(tmp_path / "q.ply", props, data)
+    _expect_error(tmp_path / "q.ply", "every Gaussian is degenerate", "#0, #1, #2")
+
+
+def test_underflowing_log_scales_are_clamped_and_named(tmp_path, caplog):
+    """exp(-200) is 0 in float32; such an axis is raised to the smallest normal scale (a flat disc)."""
+    props, data = _table(6)
+    data[:, props.index("rot_0")] = 1.0
+    data[4, props.index("scale_1")] = -200.0
+    _write_raw(tmp_path / "t.ply", props, data)
+    with caplog.at_level(logging.WARNING):
+        s = read_ply(tmp_path / "t.ply")
+    assert len(s) == 6
+    assert float(s.log_scales[4, 1]) == pytest.approx(LOG_SCALE_MIN)
+    assert torch.equal(s.log_scales[[0, 1, 2, 3, 5]], torch.from_numpy(data[[0, 1, 2, 3, 5]][:, -7:-4]))
+    assert bool((s.scales() > 0).all()) and bool(torch.isfinite(s.scales()).all())
+    assert "1 Gaussians (#4)" in caplog.text and "-200" in caplog.text
+
+
+def test_overflowing_log_scales_are_dropped(tmp_path, caplog):
+    props, data = _table(6)
+    data[:, props.index("rot_0")] = 1.0
+    data[0, props.index("scale_2")] = 100.0
+    _write_raw(tmp_path / "t.ply", props, data)
+    with caplog.at_level(logging.WARNING):
+        s = read_ply(tmp_path / "t.ply")
+    assert len(s) == 5 and bool(torch.isfinite(s.scales()).all())
+    assert "dropped 1 of 6" in caplog.text and "#0" in caplog.text
+
+
+def test_integer_typed_scales_load_finite(tmp_path):
+    """A retyped property (int scale_0 over float bytes) reads as numbers; the degenerate ones are
+    clamped, so every scale is positive and finite."""
+    write_ply(make_random_splat(40, seed=2), tmp_path / "s.ply")
+    raw = (tmp_path / "s.ply").read_bytes()
+    (tmp_path / "i.ply").write_bytes(raw.replace(b"property float scale_0", b"property int scale_0"))
+    s = read_ply(tmp_path / "i.ply")
+    scales = s.scales()
+    assert len(s) > 0 and bool(torch.isfinite(scales).all()) and bool((scales > 0).all())
+
+
+def test_doubles_beyond_float32_are_non_finite(tmp_path):
+    props, data = _table(3)
+    data[:, props.index("rot_0")] = 1.0
+    header = "ply\nformat binary_little_endian 1.0\nelement vertex 3\n"
+    header += "".join(f"property {'double' if p == 'x' else 'float'} {p}\n" for p in props) + "end_header\n"
+    dtype = np.dtype([(p, "<f8" if p == "x" else "<f4") for p in props])
+    table = np.zeros(3, dtype)
+    for j, p in enumerate(props):
+        table[p] = data[:, j]
+    table["x"][1] = 1e300
+    (tmp_path / "d.ply").write_bytes(header.encode() + table.tobytes())
+    _expect_error(tmp_path / "d.ply", "1 non-finite values", "too large for float32", "Gaussians #1")
+
+
+def _header_edit(tmp_path, old, new, n=5):
+    props, data = _table(n)
+    data[:, props.index("rot_0")] = 1.0
+    _write_raw(tmp_path / "h.ply", props, data)
+    raw = (tmp_path / "h.ply").read_bytes()
+    assert old in raw
+    (tmp_path / "h.ply").write_bytes(raw.replace(old, new, 1))
+    return tmp_path / "h.ply"
+
+
+def test_duplicate_property_names(tmp_path):
+    path = _header_edit(tmp_path, b"property float nx", b"property float x")
+    _expect_error(path, "property 'x' appears twice")
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        (b"property float nx\n", b"property\n"),  # bare
+        (b"property float nx\n", b"property float\n"),
+        (b"property float nx\n", b"property float nx extra\n"),
+        (b"property float nx\n", b"property list uchar\n"),
+        (b"element vertex 5", b"element vertex five"),
+        (b"element vertex 5", b"element vertex -5"),
+        (b"property float nx\n", b"propertx float nx\n"),
+    ],
+)
+def test_malformed_header_lines(tmp_path, old, new):
+    _expect_error(_header_edit(tmp_path, old, new), "malformed PLY header line")
+
+
+def test_unknown_property_type(tmp_path):
+    _expect_error(
+        _header_edit(tmp_path, b"property float nx", b"property half nx"), "unsupported PLY property type"
+    )
+
+
+@pytest.mark.parametrize("count", [10**9, 10**12, 10**30])
+def test_huge_counts_are_checked_against_the_file_size(tmp_path, count):
+    """The header's count is weighed against the file's size before anything is allocated."""
+    import tracemalloc
+
+    path = _header_edit(tmp_path, b"element vertex 5", f"element vertex {count}".encode())
+    tracemalloc.start()
+    try:
+        _expect_error(path, "truncated", f"declares {count} Gaussians", "holds 5")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_huge_ascii_count_is_checked_against_the_file_size(tmp_path):
+    props, data = _table(4)
+    data[:, props.index("rot_0")] = 1.0
+    _write_raw(tmp_path / "a.ply", props, data, fmt="ascii", count=10**12)
+    _expect_error(tmp_path / "a.ply", "truncated", "declares 1000000000000 Gaussians", "room for at most")
+
+
+def test_header_without_end_is_read_up_to_a_limit(tmp_path):
+    """A file of zeros behind a PLY start (no newline, no end_header) is not read whole."""
+    import tracemalloc
+
+    path = tmp_path / "z.ply"
+    with open(path, "wb") as f:
+        f.write(b"ply\nformat binary_little_endian 1.0\ncomment ")
+        f.truncate(1 << 30)  # 1 GB, sparse
+    tracemalloc.start()
+    try:
+        _expect_error(path, "header runs past 1 MB")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
+
+
+def test_non_numeric_ascii_value(tmp_path):
+    props, data = _table(3)
+    data[:, props.index("rot_0")] = 1.0
+    _write_raw(tmp_path / "a.ply", props, data, fmt="ascii")
+    raw = (tmp_path / "a.ply").read_text().splitlines()
+    row = raw[-2].split()
+    row[props.index("opacity")] = "abc"
+    raw[-2] = " ".join(row)
+    (tmp_path / "a.ply").write_text("\n".join(raw) + "\n")
+    _expect_error(tmp_path / "a.ply", "row 1 has the non-numeric value 'abc'", "'opacity'")
+
+
+def test_read_reports_progress(tmp_path):
+    write_ply(make_random_splat(50, seed=1), tmp_path / "s.ply")
+    seen = []
+    read_ply(tmp_path / "s.ply", progress=seen.append)
+    assert seen and seen[-1] == 1.0 and seen == sorted(seen)
 
 
 def test_empty_splat(tmp_path):

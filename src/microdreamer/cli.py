@@ -516,6 +516,65 @@ def _cpu_estimate(cfg, random_weights: str | None) -> str | None:
             "~5 s in all). The time left is re-estimated after each iteration.")  # fmt: skip
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every ``finally`` (temporary files) runs."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+# ------------------------------------------------------------------------------------ input/output checks
+
+
+def _check_mesh_output(args: argparse.Namespace, cfg) -> Path:
+    """``mesh -o``: suffix, a writable folder (missing folders are made later, and removed on failure),
+    not the input, and no file written beside it (a textured OBJ's .mtl and .png) that microdreamer did
+    not write."""
+    from microdreamer.io_utils import check_companions, check_output_path, textured_obj_companions
+    from microdreamer.mesh import MESH_FORMATS
+
+    out = check_output_path(args.output, MESH_FORMATS, "mesh", inputs=[args.splat], create_parents=True)
+    if out.suffix.lower() == ".obj" and cfg.texture.mode != "none":
+        companions, ours = textured_obj_companions(out)
+        check_companions(out, companions, ours)
+        from microdreamer.io_utils import check_not_input
+
+        for c in companions:
+            check_not_input(c, [args.splat])
+    return out
+
+
+def _written(out: Path, textured: bool) -> str:
+    """The files a mesh output consists of, as printed."""
+    if textured and out.suffix.lower() == ".obj":
+        return f"{out} (+ {out.with_suffix('.mtl').name}, {out.with_suffix('.png').name})"
+    return str(out)
+
+
+def _job_folder(args: argparse.Namespace, outputs: tuple[str, ...], inputs: list):
+    """Checks a job's output folder and gives the staged folder the job writes into (moved into place only
+    when the job succeeds; see :func:`microdreamer.io_utils.staged_folder`)."""
+    from microdreamer.io_utils import check_output_folder, staged_folder
+
+    check_output_folder(args.output, outputs, inputs)
+    return staged_folder(args.output)
+
+
+def _check_not_inside(folder: Path, inputs: list) -> None:
+    """An output folder replaced whole must not hold one of the inputs."""
+    for inp in inputs:
+        if inp is None or not folder.is_dir():
+            continue
+        try:
+            Path(inp).resolve().relative_to(folder.resolve())
+        except ValueError:
+            continue
+        raise InputError(
+            f"{folder}: holds the input {inp}, and the folder is replaced whole; choose another folder"
+        )
+
+
 def _seconds(seconds: dict[str, float], digits: int = 3) -> str:
     return "seconds: " + ", ".join(f"{k} {v:.{digits}f}" for k, v in seconds.items())
 
@@ -586,7 +645,6 @@ def _run_batch(args: argparse.Namespace, job, sources: list[str], cfg) -> int:
 
 
 def cmd_mesh(args: argparse.Namespace) -> int | None:
-    from microdreamer.io_utils import check_output_path
     from microdreamer.mesh import MESH_FORMATS
 
     sources = list(args.splat)
@@ -600,22 +658,19 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
 
         return _run_batch(args, MeshJob(cfg, args.device), sources, cfg)
     args.splat = sources[0]
-    out = Path(args.output)
-    if out.exists() and out.is_dir():
-        raise InputError(f"{out}: is a directory; give a file name ending in .glb, .obj or .ply")
-    if out.suffix.lower() in MESH_FORMATS:  # a bad suffix creates nothing
-        out.parent.mkdir(parents=True, exist_ok=True)
-    out = check_output_path(out, MESH_FORMATS, "mesh")
     cfg = job_config(args)  # checked before reading anything
+    out = _check_mesh_output(args, cfg)
 
     import torch
 
+    from microdreamer.io_utils import made_parents
     from microdreamer.jobs import resolve_device
-    from microdreamer.jobs.export import export_mesh
+    from microdreamer.jobs.export import check_grid_memory, export_mesh
     from microdreamer.profiling import StageTimer
     from microdreamer.splat import read_ply
 
     device = resolve_device(args.device)
+    check_grid_memory(cfg.field.resolution, device)
     started = t = time.perf_counter()
     splat = read_ply(args.splat)
     read_s = time.perf_counter() - t
@@ -623,8 +678,9 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     timer = StageTimer()
     update, close = _progress_bar("density field", lines=False)  # seconds; the stages follow it
     try:
-        result = export_mesh(splat, out, cfg, device, timer=timer, progress=update, name=str(args.splat),
-                             texture_progress=True, stage=_mesh_stages())  # fmt: skip
+        with made_parents(out.parent):
+            result = export_mesh(splat, out, cfg, device, timer=timer, progress=update, name=str(args.splat),
+                                 texture_progress=True, stage=_mesh_stages())  # fmt: skip
     finally:
         close()
     conv, mesh = result.convert, result.mesh
@@ -637,7 +693,9 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
 
     if (how := written_as(out, mesh)) is not None:
         tex += f" ({how})"
-    print(f"mesh: {mesh.num_vertices} vertices, {mesh.num_faces} faces{tex} -> {out}")
+    print(
+        f"mesh: {mesh.num_vertices} vertices, {mesh.num_faces} faces{tex} -> {_written(out, mesh.has_texture)}"
+    )
     print(_seconds(timer.seconds))
     if args.profile:
         _write_profile({"start-up": started - _STARTED, "read": read_s, **timer.seconds}, out.parent,
@@ -650,9 +708,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from microdreamer.jobs.demo import run_demo
 
     device = resolve_device(args.device)
+    from microdreamer.jobs.export import check_grid_memory
+
+    check_grid_memory(cfg.export.field.resolution, device)
+    staged = _job_folder(args, (), [])
     print(f"demo on {device}: a coloured object built in code -> {cfg.views} + {cfg.held_out} held-out views at "
           f"{cfg.size}^2 -> {cfg.iters} reconstruction steps -> mesh")  # fmt: skip
-    m = run_demo(args.output, cfg, device)
+    with staged as stage:
+        m = run_demo(stage, cfg, device)
+    m["paths"] = {k: Path(args.output) / Path(v).relative_to(stage) for k, v in m["paths"].items()}
     q = m["mesh_quality"]
     print(f"held-out views: PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.4f}; {m['num_gaussians']} Gaussians")
     print(f"mesh vs the object: Chamfer-L1 {100 * q['chamfer_l1_rel']:.2f}% of its diagonal, "
@@ -663,7 +727,13 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_render_views(args: argparse.Namespace) -> None:
+    from microdreamer.io_utils import check_input
+
     cfg = job_config(args)
+    check_input(args.mesh, "file", "mesh")
+    if args.texture is not None:
+        check_input(args.texture, "file", "texture image")
+    _check_not_inside(Path(args.output), [args.mesh, args.texture])
     from microdreamer.data import render_views
     from microdreamer.jobs import resolve_device
 
@@ -675,14 +745,23 @@ def cmd_render_views(args: argparse.Namespace) -> None:
 
 
 def cmd_reconstruct(args: argparse.Namespace) -> None:
+    from microdreamer.io_utils import check_input
+
     cfg = job_config(args)
+    check_input(args.data, "folder", "dataset")
     if args.no_mesh:
         cfg = dataclasses.replace(cfg, mesh=False)
     from microdreamer.jobs import resolve_device
     from microdreamer.jobs.reconstruct import reconstruct_dataset
 
     device = resolve_device(args.device)
-    metrics = reconstruct_dataset(args.data, args.output, cfg, device=device)
+    if cfg.mesh:
+        from microdreamer.jobs.export import PRESET_SETTINGS, check_grid_memory
+
+        check_grid_memory(cfg.export.field.resolution, device, PRESET_SETTINGS["resolution"])
+    staged = _job_folder(args, ("splat.ply", "mesh.glb", "held_out_views.png", "metrics.json"), [])
+    with staged as stage:
+        metrics = reconstruct_dataset(args.data, stage, cfg, device=device)
     out = Path(args.output)
     psnr = metrics.get("psnr")
     print(f"Gaussians: {metrics.get('num_gaussians')}")
@@ -726,14 +805,18 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
     from microdreamer.jobs import resolve_device
     from microdreamer.jobs.generate import generate
 
+    staged = _job_folder(args, ("input_rgba.png", "splat.ply", "mesh.glb", "views.png", "timings.json"),
+                         [args.image])  # fmt: skip
+
     device = resolve_device(args.device)  # the random-weights warning comes from the job, once
     if device.type == "cpu" and (note := _cpu_estimate(cfg, args.random_weights)):
         print(note, file=sys.stderr)
     weights, _, _ = _sir_weights(cfg)
     update, close = _progress_bar("SIR iterations", cfg.sir.iterations, weights)
     try:
-        report = generate(args.image, args.output, cfg, model=args.model, random_weights=args.random_weights,
-                          device=device, progress=update, prompt=args.prompt, stage=_stage_printer())  # fmt: skip
+        with staged as folder:
+            report = generate(args.image, folder, cfg, model=args.model, random_weights=args.random_weights,
+                              device=device, progress=update, prompt=args.prompt, stage=_stage_printer())  # fmt: skip
     finally:
         close()
     stages = report.get("stages", {})
@@ -755,7 +838,11 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
 
 
 def cmd_render(args: argparse.Namespace) -> None:
+    from microdreamer.io_utils import check_input, check_not_input
+
     cfg = job_config(args)
+    check_input(args.source, "file", "mesh or splat")
+    check_not_input(Path(args.output), [args.source])
     from microdreamer.jobs import resolve_device
     from microdreamer.jobs.turntable import render_turntable
 
@@ -889,9 +976,18 @@ def _join_up_values(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
+    from microdreamer import progress
+
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(_join_up_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    progress.configure("auto")
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         code = args.func(args)
     except InputError as e:
@@ -900,6 +996,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("error: terminated", file=sys.stderr)
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        progress.reset()
     return int(code or 0)
 
 

@@ -234,6 +234,7 @@ class MeshConfig(Config):
 
     def validate(self) -> None:
         self.choose("backend", MESH_BACKENDS)
+        self.require("threshold", self.threshold > 0.0, "must be positive (the density is never negative)")
         self.require("min_component_fraction", 0.0 <= self.min_component_fraction <= 1.0, "must be in [0, 1]")
         self.require("merge_tolerance", self.merge_tolerance >= 0.0, "must be 0 or more")
         self.require("decimate_target", self.decimate_target is None or self.decimate_target >= 4,
@@ -1245,12 +1246,16 @@ def load_preset(cls: type[T], path: str | os.PathLike, base: T | None = None) ->
     import yaml
 
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; give the path of a YAML config preset")
     if not path.is_file():
         raise InputError(f"{path}: config preset not found; give the path of a YAML file")
+    if path.stat().st_size > 16 << 20:
+        raise InputError(f"{path}: is over 16 MB; a config preset is a short YAML file, give the right one")
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        first = str(e).splitlines()[0]
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError, OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InputError(f"{path}: not valid YAML ({first})") from None
     return from_dict(cls, data, str(path), base)
 

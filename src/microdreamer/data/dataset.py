@@ -278,14 +278,46 @@ def save_dataset(
 # reading
 
 
+#: transforms.json files larger than this are refused before parsing (a 10k-frame dataset is ~5 MB)
+MAX_JSON_BYTES = 256 << 20
+
+
 def _read_json(path: Path) -> dict:
     try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise InputError(
+                f"{path} is {size / 2**20:.0f} MB; a transforms.json is a few MB at most, give the right file"
+            )
         meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"cannot read {path} ({e}); it must be a valid transforms.json file") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as e:
+        if isinstance(e, InputError):
+            raise
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"cannot read {path} ({reason}); it must be a valid transforms.json file") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list) or not meta["frames"]:
         raise InputError(f"{path} has no 'frames' list; a transforms.json needs one frame per image")
     return meta
+
+
+def _number(
+    src: dict, key: str, where: str, *, positive: bool = False, integer: bool = False, default=None
+) -> float | int | None:
+    """``src[key]`` as a finite number (None/``default`` when absent); InputError naming ``where`` and the
+    key when it is a string, null, a bool, not finite, not positive (``positive``) or not whole
+    (``integer``)."""
+    if key not in src:
+        return default
+    value = src[key]
+    kind = "a positive whole number" if integer else "a positive number" if positive else "a number"
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and positive:
+        ok = value > 0
+    if ok and integer:
+        ok = float(value).is_integer()
+    if not ok:
+        raise InputError(f"{where}: {key!r} is {json.dumps(value)[:40]}; it must be {kind}, fix the file")
+    return int(value) if integer else float(value)
 
 
 def _image_path(directory: Path, file_path: str, json_path: Path) -> Path:
@@ -293,9 +325,27 @@ def _image_path(directory: Path, file_path: str, json_path: Path) -> Path:
     for candidate in (p, Path(str(p) + ".png")):
         if candidate.is_file():
             return candidate
+    if p.is_dir():
+        raise InputError(f"image {file_path!r} listed in {json_path} is a folder, not an image; fix the path")
     raise InputError(
         f"image {file_path!r} listed in {json_path} does not exist in {directory}; add it or fix the path"
     )
+
+
+def _image_error(path: Path, e: Exception) -> InputError:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return InputError(f"cannot read image {path} ({reason}); replace it with a valid PNG")
+
+
+def _image_size(path: Path) -> tuple[int, int]:
+    """(W, H) from the image's header, without decoding it."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+        raise _image_error(path, e) from None
 
 
 def _read_image(path: Path) -> np.ndarray:
@@ -307,22 +357,34 @@ def _read_image(path: Path) -> np.ndarray:
                 arr = np.asarray(im, dtype=np.float32) / 65535.0
                 return np.concatenate([np.repeat(arr[..., None], 3, -1), np.ones_like(arr)[..., None]], -1)
             return np.asarray(im.convert("RGBA"), dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError) as e:
-        raise InputError(f"cannot read image {path} ({e}); replace it with a valid PNG") from e
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+        raise _image_error(path, e) from None
 
 
 def _frame_matrix(frame: dict, i: int, json_path: Path) -> np.ndarray:
+    """The frame's 4x4 camera-to-world matrix: numbers, finite, bottom row (0, 0, 0, 1), and a rotation
+    part that can be inverted (a camera needs three independent axes)."""
+    where = f"frame {i} of {json_path}"
     try:
         m = np.asarray(frame["transform_matrix"], dtype=np.float64)
     except (KeyError, TypeError, ValueError) as e:
-        raise InputError(
-            f"frame {i} of {json_path} has no valid 'transform_matrix'; give a 4x4 matrix"
-        ) from e
+        raise InputError(f"{where} has no valid 'transform_matrix'; give a 4x4 matrix of numbers") from e
     if m.shape == (3, 4):
         m = np.concatenate([m, [[0.0, 0.0, 0.0, 1.0]]], axis=0)
-    if m.shape != (4, 4) or not np.isfinite(m).all():
+    if m.shape != (4, 4):
+        raise InputError(f"{where} has a 'transform_matrix' of shape {m.shape}; give a 4x4 matrix")
+    if not np.isfinite(m).all():
+        raise InputError(f"{where} has a 'transform_matrix' with NaN or infinite entries; fix the matrix")
+    if not np.allclose(m[3], [0.0, 0.0, 0.0, 1.0], atol=1e-6):
         raise InputError(
-            f"frame {i} of {json_path} has a 'transform_matrix' of shape {m.shape}; give a 4x4 matrix"
+            f"{where} has a 'transform_matrix' whose last row is {m[3].tolist()}, not [0, 0, 0, 1]; "
+            "give a camera-to-world matrix"
+        )
+    s = np.linalg.svd(m[:3, :3], compute_uv=False)
+    if not s[-1] > 1e-6 * max(s[0], 1e-300):
+        raise InputError(
+            f"{where} has a singular 'transform_matrix' (its rotation part has no inverse: singular values "
+            f"{', '.join(f'{v:.3g}' for v in s)}); give a camera-to-world matrix"
         )
     return m
 
@@ -333,16 +395,42 @@ def _load_frames(directory: Path, json_path: Path, held_out_default: bool):
     for i, frame in enumerate(meta["frames"]):
         if not isinstance(frame, dict) or not isinstance(frame.get("file_path"), str):
             raise InputError(f"frame {i} of {json_path} has no 'file_path'; give each frame its image path")
+        held = frame.get("held_out", held_out_default)
+        if not (isinstance(held, bool) or (type(held) is int and held in (0, 1))):
+            raise InputError(
+                f"frame {i} of {json_path}: 'held_out' is {json.dumps(held)[:40]}; use true or false"
+            )
         path = _image_path(directory, frame["file_path"], json_path)
         records.append(
-            {
-                "path": path,
-                "c2w": _frame_matrix(frame, i, json_path),
-                "held_out": bool(frame.get("held_out", held_out_default)),
-                "frame": frame,
-            }
+            {"path": path, "c2w": _frame_matrix(frame, i, json_path), "held_out": bool(held), "frame": frame}
         )
     return meta, records
+
+
+def _check_images(records: list[dict], meta: dict, json_path: Path) -> tuple[int, int]:
+    """(W, H) of the dataset from the image headers: one size for all, the size the JSON states, and
+    memory for all of them, checked before any image is decoded."""
+    from microdreamer.io_utils import check_memory
+
+    sizes = [_image_size(r["path"]) for r in records]
+    W, H = sizes[0]
+    for r, (w, h) in zip(records, sizes, strict=True):
+        if (w, h) != (W, H):
+            raise InputError(
+                f"image {r['path']} is {w}x{h} but {records[0]['path']} is {W}x{H}; all images of a "
+                "dataset must have one size"
+            )
+    mw = _number(meta, "w", str(json_path), positive=True, integer=True)
+    mh = _number(meta, "h", str(json_path), positive=True, integer=True)
+    if (mw is not None and mw != W) or (mh is not None and mh != H):
+        raise InputError(
+            f"{json_path} says images are {meta.get('w')}x{meta.get('h')} "
+            f"but {records[0]['path']} is {W}x{H}; fix 'w'/'h' or the images"
+        )
+    # float32 RGBA per image, the list and the stacked copy
+    check_memory(3 * 16 * W * H * len(records), f"{json_path}: {len(records)} images of {W}x{H}",
+                 "use fewer or smaller images")  # fmt: skip
+    return W, H
 
 
 def load_dataset(directory: str | os.PathLike) -> Dataset:
@@ -377,51 +465,54 @@ def load_dataset(directory: str | os.PathLike) -> Dataset:
             f"{directory} has no transforms.json; give a dataset folder (see `microdreamer render-views`)"
         )
 
-    images = []
-    for r in records:
-        img = _read_image(r["path"])
-        if images and img.shape != images[0].shape:
+    W, H = _check_images(records, meta, json_path)
+    images = [_read_image(r["path"]) for r in records]
+    for r, img in zip(records, images, strict=True):
+        if img.shape[:2] != (H, W):  # a header that lied about the size
             raise InputError(
-                f"image {r['path']} is {img.shape[1]}x{img.shape[0]} but {records[0]['path']} is "
-                f"{images[0].shape[1]}x{images[0].shape[0]}; all images of a dataset must have one size"
+                f"image {r['path']} decodes to {img.shape[1]}x{img.shape[0]}, not {W}x{H}; replace it"
             )
-        images.append(img)
-    H, W = images[0].shape[:2]
-    if ("w" in meta and int(meta["w"]) != W) or ("h" in meta and int(meta["h"]) != H):
-        raise InputError(
-            f"{json_path} says images are {meta.get('w')}x{meta.get('h')} "
-            f"but {records[0]['path']} is {W}x{H}; fix 'w'/'h' or the images"
-        )
 
+    where = str(json_path)
     c2w = torch.tensor(np.stack([r["c2w"] for r in records]), dtype=torch.float32)
-    if "camera_angle_x" in meta:
-        cams = cameras_from_c2w_opengl(c2w, float(meta["camera_angle_x"]), W, H, axis="x")
+    angle = _number(meta, "camera_angle_x", where, positive=True)
+    if angle is not None:
+        if not angle < math.pi:
+            raise InputError(f"{where}: 'camera_angle_x' is {angle:g} radians; it must be in (0, pi), fix it")
+        fov = angle
     elif "fl_x" in meta:
-        cams = cameras_from_c2w_opengl(c2w, 2 * math.atan(W / (2 * float(meta["fl_x"]))), W, H, axis="x")
+        fov = 2 * math.atan(W / (2 * _number(meta, "fl_x", where, positive=True)))
     else:
         raise InputError(f"{json_path} has neither 'camera_angle_x' nor 'fl_x'; give the field of view")
+    cams = cameras_from_c2w_opengl(c2w, fov, W, H, axis="x")
     Ks = cams.Ks.clone()
     for i, r in enumerate(records):
         src = {**{k: meta[k] for k in ("fl_x", "fl_y", "cx", "cy") if k in meta}, **r["frame"]}
-        if "fl_x" in src:
-            Ks[i, 0, 0] = float(src["fl_x"])
-            Ks[i, 1, 1] = float(src.get("fl_y", src["fl_x"]))
+        frame_where = f"frame {i} of {json_path}"
+        fl_x = _number(src, "fl_x", frame_where, positive=True)
+        if fl_x is not None:
+            Ks[i, 0, 0] = fl_x
+            Ks[i, 1, 1] = _number(src, "fl_y", frame_where, positive=True, default=fl_x)
         if "cx" in src:
-            Ks[i, 0, 2] = float(src["cx"])
+            Ks[i, 0, 2] = _number(src, "cx", frame_where)
         if "cy" in src:
-            Ks[i, 1, 2] = float(src["cy"])
-    cams = Cameras(
-        cams.viewmats, Ks, W, H, near=float(meta.get("near", cams.near)), far=float(meta.get("far", cams.far))
-    )
+            Ks[i, 1, 2] = _number(src, "cy", frame_where)
+    near = _number(meta, "near", where, positive=True, default=cams.near)
+    far = _number(meta, "far", where, positive=True, default=cams.far)
+    if not near < far:
+        raise InputError(f"{where}: 'near' {near:g} is not below 'far' {far:g}; fix them")
+    cams = Cameras(cams.viewmats, Ks, W, H, near=near, far=far)
     norm = None
     if isinstance(meta.get("normalization"), dict):
         try:
             n = meta["normalization"]
             norm = Normalization(n["center"], n["scale"], n.get("rotation"))
+            if not (np.isfinite(norm.center).all() and math.isfinite(norm.scale) and norm.scale > 0):
+                raise ValueError("not finite and positive")
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(
-                f"{json_path} has an invalid 'normalization'; give center [x, y, z], scale and optionally "
-                "rotation (3 x 3, proper)"
+                f"{json_path} has an invalid 'normalization'; give center [x, y, z], a positive scale and "
+                "optionally rotation (3 x 3, proper)"
             ) from e
     return Dataset(
         images=torch.from_numpy(np.stack(images)).float(),

@@ -25,8 +25,12 @@ import torch
 
 from microdreamer.config import ImageConfig
 from microdreamer.errors import InputError
+from microdreamer.io_utils import check_memory
 
 logger = logging.getLogger(__name__)
+
+#: GrabCut's smallest input: a margin of background around a rectangle that holds both classes
+GRABCUT_MIN_SIZE = 16
 
 
 @dataclass
@@ -73,15 +77,20 @@ def load_image(path: str | os.PathLike) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder, not an image; give a PNG or JPEG file")
     if not path.is_file():
         raise InputError(f"{path}: no such image file")
     try:
         with Image.open(path) as im:
+            w, h = im.size
+            # float32 RGBA, its copies in preparation (alpha, premultiplied, crop): ~5 of them
+            check_memory(5 * 16 * w * h, f"{path}: an image of {w}x{h} pixels", "give a smaller image")
             im.load()
             has_alpha = im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)
             im = im.convert("RGBA" if has_alpha else "RGB")
             arr = np.asarray(im, dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
         raise InputError(
             f"{path}: cannot read the image ({e.__class__.__name__}); give a PNG or JPEG"
         ) from None
@@ -152,9 +161,24 @@ def foreground(rgba: np.ndarray, config: ImageConfig, name: str = "image") -> tu
             f"{name}: has no alpha channel and no background remover is available; give an RGBA PNG, or "
             f"pip install opencv-python-headless (GrabCut) or rembg with its model on disk"
         )
+    h, w = rgb.shape[:2]
+    if min(h, w) < GRABCUT_MIN_SIZE:
+        raise InputError(
+            f"{name}: is {w}x{h} pixels with no alpha channel; GrabCut needs at least "
+            f"{GRABCUT_MIN_SIZE}x{GRABCUT_MIN_SIZE} to tell the object from the background, give a larger "
+            "image or an RGBA one"
+        )
     logger.warning("%s: no alpha channel: the foreground is estimated with GrabCut (a rough cut; give an RGBA "
                    "image, or install rembg with its model, for a better mask)", name)  # fmt: skip
-    return mask_grabcut(rgb, config.grabcut_margin, config.grabcut_iterations), "grabcut"
+    import cv2
+
+    try:
+        return mask_grabcut(rgb, config.grabcut_margin, config.grabcut_iterations), "grabcut"
+    except cv2.error as e:
+        reason = str(e).strip().splitlines()[-1][:80] if str(e).strip() else "cv2.error"
+        raise InputError(
+            f"{name}: GrabCut could not separate the object ({reason}); give an RGBA image with the object's mask"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------- recentring

@@ -89,6 +89,12 @@ def render_views(
     t0 = time.perf_counter()
     mesh = load_textured_mesh(mesh_path, texture)
     v = mesh.vertices.astype(np.float64)
+    bad = ~np.isfinite(v).all(axis=1)
+    if bad.any():
+        raise InputError(
+            f"mesh {mesh_path} has {int(bad.sum())} vertices with NaN or infinite coordinates (first: "
+            f"{int(np.flatnonzero(bad)[0])}); fix the file"
+        )
     center = 0.5 * (v.min(axis=0) + v.max(axis=0))
     extent = float(np.linalg.norm(v - center, axis=1).max())
     if not extent > 0:

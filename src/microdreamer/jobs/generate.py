@@ -224,7 +224,7 @@ def generate(
     Raises:
         InputError: bad image, missing model, unusable settings (one line each).
     """
-    from microdreamer.jobs.export import export_mesh
+    from microdreamer.jobs.export import PRESET_SETTINGS, export_mesh
     from microdreamer.splat import write_ply
 
     mode = generation_mode(image_path, prompt)
@@ -312,7 +312,7 @@ def generate(
         writer = pool.submit(write_splat_and_views)
         exported = export_mesh(
             splat, out / "mesh.glb", config.export, device, timer=timer, name=str(image_path),
-            post_texture=post_texture, stage=stage,
+            post_texture=post_texture, stage=stage, settings=PRESET_SETTINGS,
         )  # fmt: skip
         mesh, mesh_path, texture_stats = exported.mesh, exported.path, exported.texture_stats
         with timer.stage("join_writes"):  # waiting for the background writes, if they are still running

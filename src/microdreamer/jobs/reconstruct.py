@@ -31,6 +31,20 @@ def _finite(x):
     return x if x is None or math.isfinite(x) else (1e9 if x > 0 else -1e9)
 
 
+#: the smallest image side reconstruct takes: the SSIM window of the loss and the metrics
+MIN_IMAGE_SIZE = 11
+
+
+def check_image_size(ds, data_dir) -> None:
+    """InputError when the dataset's images are smaller than :data:`MIN_IMAGE_SIZE` a side."""
+    w, h = ds.cameras.width, ds.cameras.height
+    if min(w, h) < MIN_IMAGE_SIZE:
+        raise InputError(
+            f"{data_dir}: the images are {w}x{h} pixels; reconstruct needs at least "
+            f"{MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE} (the SSIM window), give larger images"
+        )
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -131,7 +145,7 @@ def reconstruct_dataset(
         views), "train_psnr", "num_gaussians", "seconds": {stage: s}, "mesh", ...}.
     """
     from microdreamer.data import load_dataset
-    from microdreamer.jobs.export import export_mesh
+    from microdreamer.jobs.export import PRESET_SETTINGS, export_mesh
     from microdreamer.render.gaussians import resolve_backend
 
     config = config or ReconstructJobConfig()
@@ -148,6 +162,7 @@ def reconstruct_dataset(
     train, test = ds.train(), ds.test()
     if len(train) == 0:
         raise InputError(f"{data_dir}: every frame is held out; nothing to train on")
+    check_image_size(ds, data_dir)
     seconds["load"] = time.perf_counter() - t
 
     splat, stats = reconstruct(train.images, train.cameras, recon, device=device, progress=progress)
@@ -170,7 +185,8 @@ def reconstruct_dataset(
     mesh_info, mesh = None, None
     if config.mesh:
         t = time.perf_counter()
-        result = export_mesh(out_splat, out / "mesh.glb", config.export, device, name="reconstruction")
+        result = export_mesh(out_splat, out / "mesh.glb", config.export, device, name="reconstruction",
+                             settings=PRESET_SETTINGS)  # fmt: skip
         mesh_info = {**result.summary(), "threshold": config.export.mesh.threshold}
         mesh = result.mesh
         seconds["mesh"] = time.perf_counter() - t
