@@ -7,8 +7,13 @@ import pytest
 import torch
 
 from conftest import FIELD_REL_TOL, assert_field_matches, rel_err
-from microdreamer.field import FieldConfig, GridSpec, density_field, prepare_gaussians
-from microdreamer.field.reference import covariance6, density_field_reference, gaussian_3d_coeff
+from microdreamer.field import FieldConfig, GridSpec, PreparedGaussians, density_field, prepare_gaussians
+from microdreamer.field.reference import (
+    covariance6,
+    density_field_reference,
+    density_field_splat_reference,
+    gaussian_3d_coeff,
+)
 from microdreamer.field.torch_impl import density_field_torch
 from microdreamer.splat import Splat
 from microdreamer.synthetic import make_random_splat, make_synthetic_object
@@ -44,16 +49,22 @@ def test_empty_after_opacity_filter(mode):
     assert torch.equal(fld.values, torch.zeros(12, 12, 12))
 
 
+@pytest.mark.parametrize("voxel_filter", [None, 0.0, 0.5])
 @pytest.mark.parametrize("mode", ["exact", "upstream"])
-def test_single_gaussian_is_centred_and_peaks_at_its_opacity(mode):
+def test_single_gaussian_is_centred_and_peaks_at_its_opacity(mode, voxel_filter):
     s = make_random_splat(1, seed=3)
-    cfg = FieldConfig(resolution=21, mode=mode)  # odd R: the centre is a grid point
+    cfg = FieldConfig(
+        resolution=21, mode=mode, voxel_filter=voxel_filter
+    )  # odd R: the centre is a grid point
     prepared, grid = prepare_gaussians(s, cfg)
     assert torch.allclose(prepared.means, torch.zeros(1, 3))
     # no extent: the cube spans +-3 standard deviations of the largest axis
     assert math.isclose(grid.scale, cfg.extent_factor / (6 * float(s.scales().max())), rel_tol=1e-6)
     out = density_field_torch(prepared, grid, cfg)
-    assert math.isclose(float(out[10, 10, 10]), float(s.opacities()[0]), rel_tol=1e-6)
+    # the peak is the opacity, times prod_k s_k / sqrt(s_k^2 + v h^2) under the voxel filter
+    sn = s.scales()[0].double() * grid.scale
+    peak = float(s.opacities()[0]) * float((sn / (sn**2 + cfg.filter_variance_normalised).sqrt()).prod())
+    assert math.isclose(float(out[10, 10, 10]), peak, rel_tol=1e-6)
     _check(s, cfg)
 
 
@@ -111,15 +122,21 @@ def test_grid_maps_back_to_world():
     assert math.isclose(float(prepared.means.abs().amax()), 0.9, rel_tol=1e-5)  # 1.8 / extent, centred
 
 
-def test_whitening_transform_matches_covariance():
+@pytest.mark.parametrize("voxel_filter", [0.0, None, 1.0])
+def test_whitening_transform_matches_covariance(voxel_filter):
     s = make_random_splat(20, seed=10)
-    prepared, grid = prepare_gaussians(s, FieldConfig())
+    cfg = FieldConfig(voxel_filter=voxel_filter)
+    prepared, grid = prepare_gaussians(s, cfg)
     kept = s.subset(s.opacities() > 0.005)
     cov = kept.covariances().double() * grid.scale**2
+    wide = cov + cfg.filter_variance_normalised * torch.eye(3, dtype=torch.float64)  # Sigma + v h^2 I
     m = prepared.transforms.double()
-    assert torch.allclose(
-        m.transpose(1, 2) @ m @ cov, torch.eye(3, dtype=torch.float64).expand(len(kept), 3, 3), atol=1e-4
-    )
+    eye = torch.eye(3, dtype=torch.float64).expand(len(kept), 3, 3)
+    assert torch.allclose(m.transpose(1, 2) @ m @ wide, eye, atol=1e-4)
+    # the mass is kept: o' sqrt(det Sigma') = o sqrt(det Sigma)
+    mass = prepared.opacities.double() / torch.linalg.det(m).abs()
+    expected = kept.opacities().double() * torch.linalg.det(cov).sqrt()
+    assert torch.allclose(mass, expected, rtol=1e-5)
 
 
 def test_gaussian_3d_coeff_agrees_with_whitened_form():
@@ -232,3 +249,62 @@ def test_box_cells_and_chunk_bounds_against_loops():
     for b0, b1 in zip(bounds[:-1], bounds[1:], strict=True):  # within budget unless one element alone
         assert int(counts[b0:b1].sum()) <= 5 + int(counts[b0:b1].max()) or b1 - b0 == 1
     assert chunk_bounds(torch.zeros(0, dtype=torch.long), 5) == [0]
+
+
+# ---------------------------------------------------------------- the voxel filter
+@pytest.mark.parametrize("voxel_filter", [None, 0.0, 1.0 / 12.0, 0.25, 2.0])
+@pytest.mark.parametrize("mode", ["exact", "upstream"])
+@pytest.mark.parametrize("n,r", [(1, 9), (2, 16), (37, 19), (120, 24)])
+def test_field_matches_splat_reference(mode, voxel_filter, n, r):
+    """The tiled path (prepared Gaussians) against the field defined from the splat's own covariances."""
+    s = make_random_splat(n, seed=17 * n + r, spread=0.8, log_scale_mean=-3.5, log_scale_std=1.0)
+    cfg = FieldConfig(resolution=r, mode=mode, voxel_filter=voxel_filter)
+    out = density_field(s, cfg).values
+    assert_field_matches(out, density_field_splat_reference(s, cfg))
+
+
+def test_mode_defaults_of_the_voxel_filter():
+    assert FieldConfig(mode="exact").filter_variance == pytest.approx(1.0 / 12.0)
+    assert FieldConfig(mode="upstream").filter_variance == 0.0  # DreamGaussian samples points
+    assert FieldConfig(mode="upstream", voxel_filter=0.5).filter_variance == 0.5
+    cfg = FieldConfig(resolution=33, voxel_filter=2.0)
+    assert cfg.filter_variance_normalised == pytest.approx(2.0 * (2.0 / 32) ** 2)
+    with pytest.raises(ValueError, match="voxel_filter"):
+        FieldConfig(voxel_filter=-0.1)
+
+
+def test_upstream_mode_is_unchanged_by_the_filter_option():
+    """upstream's default (None) samples points: identical prepared Gaussians to voxel_filter = 0."""
+    s = make_random_splat(50, seed=21)
+    a, _ = prepare_gaussians(s, FieldConfig(mode="upstream"))
+    b, _ = prepare_gaussians(s, FieldConfig(mode="upstream", voxel_filter=0.0))
+    for name in ("means", "opacities", "transforms", "radii"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+
+
+@pytest.mark.parametrize("voxel_filter", [1.0 / 12.0, 0.25, 1.0])
+def test_voxel_filter_keeps_each_gaussians_mass(voxel_filter):
+    """The widened field integrates to the same mass as the splat: o (2 pi)^(3/2) prod s_k per Gaussian.
+
+    Gaussians prepared for a coarse grid (R = 16, where the filter is wide) are integrated on a finer
+    grid (R = 72) by the float64 reference with no cutoff: a Riemann sum of Gaussians of sigma >= 1.3
+    fine steps, 6 sigma from the cube's faces, whose error is far below 1e-6 relative, and far below what
+    a wrong opacity factor would give (the filter lowers these peaks by up to 40x)."""
+    s = make_random_splat(6, seed=22)
+    s.means[:] = torch.tensor([[-0.5, -0.5, -0.5], [0.5, 0.5, 0.5],  # the cube spans [-0.5, 0.5]
+                               [0.05, -0.1, 0.0], [-0.1, 0.1, 0.08], [0.0, 0.0, -0.1], [0.1, 0.03, 0.1]])  # fmt: skip
+    s.log_scales[2:] = torch.log(torch.tensor([
+        [0.001, 0.01, 0.02], [0.003, 0.003, 0.003], [0.02, 0.002, 0.0005], [0.01, 0.012, 0.009],
+    ]))  # fmt: skip
+    cfg = FieldConfig(resolution=16, voxel_filter=voxel_filter, cutoff_tol=1e-300)
+    prepared, grid = prepare_gaussians(s, cfg)
+    sn = s.scales().double() * grid.scale
+    assert float((sn / (sn**2 + cfg.filter_variance_normalised).sqrt()).prod(-1).min()) < 0.025
+    fine = GridSpec(72, grid.center, grid.scale)
+    h = 2.0 / 71
+    for i in range(2, 6):
+        one = PreparedGaussians(*(t[i : i + 1] for t in (prepared.means, prepared.opacities,
+                                                          prepared.transforms, prepared.radii)))  # fmt: skip
+        integral = float(density_field_reference(one, fine, cfg).sum()) * h**3
+        mass = float(s.opacities()[i]) * (2 * math.pi) ** 1.5 * float(sn[i].prod())
+        assert integral == pytest.approx(mass, rel=1e-6)

@@ -28,6 +28,22 @@ Bound: every dropped term is ``o_i exp(-q/2) < cutoff_tol * o_i <= cutoff_tol``,
 (``c = 4.29``), a voxel would need 10^4 fully opaque Gaussians cut at it to move by 1 (the default
 mesh threshold). Integrated over space, the mass dropped per Gaussian is the chi-square(3) tail
 ``P(chi2_3 > c^2) = 3.8e-4`` of its own mass.
+
+Voxel filter (anti-aliased sampling)
+------------------------------------
+A captured surface is a thin layer of small, partly transparent Gaussians, often thinner than a voxel;
+point samples at voxel centres miss them or under-count them, and the mesh falls apart. With
+``voxel_filter = v > 0`` each kept Gaussian's covariance is widened by ``v h^2`` in every direction,
+``Sigma' = Sigma + v h^2 I`` (``h = 2 / (R - 1)``, the grid spacing in normalised units), and its
+opacity scaled so that it keeps its mass (its integral over space):
+``o' = o sqrt(det Sigma / det Sigma') = o prod_k s_k / sqrt(s_k^2 + v h^2)``. The field is then the
+splat's density convolved with an isotropic Gaussian of variance ``v h^2``; ``v = 1/12`` is a box
+filter's variance, so the samples approximate the density averaged over each voxel. The added term is
+isotropic, so ``Sigma'`` keeps the Gaussian's axes (``S'^2 = S^2 + v h^2``) and the whitening transform
+stays ``S'^-1 R^T``. Every backend reads the widened Gaussians from :func:`prepare_gaussians`; the
+exact mode's cutoff and radii apply to the widened Gaussian. The opacity filter (``min_opacity``) and
+the normalisation use the original opacities and centres. ``upstream`` mode samples points, as
+DreamGaussian does (no filter by default).
 """
 
 from __future__ import annotations
@@ -40,6 +56,8 @@ import torch
 from microdreamer.splat import Splat
 
 MODES = ("upstream", "exact")
+# the voxel filter of each mode when FieldConfig.voxel_filter is None (squared grid spacings)
+DEFAULT_VOXEL_FILTER = {"exact": 1.0 / 12.0, "upstream": 0.0}
 
 
 @dataclass
@@ -54,6 +72,9 @@ class FieldConfig:
         min_opacity: Gaussians with opacity <= this are dropped before normalisation (both modes).
         cutoff_tol: exact: terms below cutoff_tol * opacity are dropped (see the module docstring).
         extent_factor: the kept Gaussians' largest bounding-box extent maps to this length in [-1, 1].
+        voxel_filter: v, the variance added to every Gaussian, in squared grid spacings (see the module
+            docstring: ``Sigma + v h^2 I``, mass kept); 0 samples points. None = the mode's default,
+            :data:`DEFAULT_VOXEL_FILTER` (exact: 1/12, a one-voxel box filter; upstream: 0).
     """
 
     resolution: int = 128
@@ -63,6 +84,7 @@ class FieldConfig:
     min_opacity: float = 0.005
     cutoff_tol: float = 1e-4
     extent_factor: float = 1.8
+    voxel_filter: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -73,6 +95,20 @@ class FieldConfig:
             raise ValueError(f"cutoff_tol must be in (0, 1), got {self.cutoff_tol}")
         if self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.voxel_filter is not None and not 0.0 <= self.voxel_filter <= 100.0:
+            raise ValueError(f"voxel_filter must be in [0, 100] squared voxels, got {self.voxel_filter}")
+
+    @property
+    def filter_variance(self) -> float:
+        """v of the voxel filter in squared grid spacings: ``voxel_filter``, or the mode's default."""
+        if self.voxel_filter is not None:
+            return float(self.voxel_filter)
+        return DEFAULT_VOXEL_FILTER[self.mode]
+
+    @property
+    def filter_variance_normalised(self) -> float:
+        """v h^2: the variance added to every Gaussian, in normalised units (h = 2 / (R - 1))."""
+        return self.filter_variance * (2.0 / (self.resolution - 1)) ** 2
 
     @property
     def cutoff_sq(self) -> float:
@@ -125,7 +161,8 @@ class PreparedGaussians:
 
     Attributes:
         means: [N, 3] float32, normalised coordinates.
-        opacities: [N] float32 in (0, 1].
+        opacities: [N] float32 in (0, 1] (scaled down by the voxel filter, which keeps each
+            Gaussian's mass).
         transforms: [N, 3, 3] float32 whitening transforms M = S^-1 R^T (normalised units), so that
             q(x) = |M (x - mean)|^2.
         radii: [N, 3] float32 half-extents of the axis-aligned box holding the ellipsoid q <= c^2 of
@@ -147,7 +184,8 @@ class PreparedGaussians:
 
 
 def prepare_gaussians(splat: Splat, config: FieldConfig) -> tuple[PreparedGaussians, GridSpec]:
-    """Filter by opacity, normalise into the grid's cube and build the whitening transforms.
+    """Filter by opacity, normalise into the grid's cube, apply the voxel filter (if any) and build
+    the whitening transforms.
 
     Runs on the splat's device; the geometry is computed in float64 and rounded to float32 once.
     When the kept centres have no extent (one Gaussian, or all at one point) the cube is sized to
@@ -175,6 +213,12 @@ def prepare_gaussians(splat: Splat, config: FieldConfig) -> tuple[PreparedGaussi
         scale = config.extent_factor / extent
         norm_means = (means - center) * scale
         norm_scales = scales * scale
+        opacities = opac[keep].double()
+        widen = config.filter_variance_normalised
+        if widen > 0.0:  # Sigma + v h^2 I with the mass kept (see the module docstring)
+            wide = (norm_scales.square() + widen).sqrt()
+            opacities = opacities * (norm_scales / wide).prod(-1)
+            norm_scales = wide
         # M = S^-1 R^T: row k is the k-th axis of the Gaussian divided by its standard deviation
         transforms = rot.transpose(1, 2) / norm_scales[:, :, None]
         # Sigma_kk = sum_j (R_kj s_j)^2; the ellipsoid q <= c^2 spans c * sqrt(Sigma_kk) along axis k
@@ -182,7 +226,7 @@ def prepare_gaussians(splat: Splat, config: FieldConfig) -> tuple[PreparedGaussi
         radii = math.sqrt(config.cutoff_sq) * sigma_diag.sqrt() * (1.0 + 1e-6)
         prepared = PreparedGaussians(
             means=norm_means.float().contiguous(),
-            opacities=opac[keep].contiguous(),
+            opacities=opacities.float().contiguous(),
             transforms=transforms.float().contiguous(),
             radii=radii.float().contiguous(),
         )
