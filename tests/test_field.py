@@ -308,3 +308,175 @@ def test_voxel_filter_keeps_each_gaussians_mass(voxel_filter):
         integral = float(density_field_reference(one, fine, cfg).sum()) * h**3
         mass = float(s.opacities()[i]) * (2 * math.pi) ** 1.5 * float(sn[i].prod())
         assert integral == pytest.approx(mass, rel=1e-6)
+
+
+# ---------------------------------------------------------------- the iso-level chosen from the splat
+def _column_alpha_brute(prepared, grid, axis, dilation):
+    """Every Gaussian at every column, float64: 1 - prod (1 - min(0.999, o exp(-q/2))), terms < 1/255
+    dropped; q from the 2D marginal covariance plus dilation h^2 I (written from the definition)."""
+    r = grid.resolution
+    h = 2.0 / (r - 1)
+    keep = [a for a in range(3) if a != axis]
+    ax = grid.axis().double()
+    uv = torch.stack(torch.meshgrid(ax, ax, indexing="ij"), -1).reshape(-1, 2)
+    cov = torch.linalg.inv(prepared.transforms.double().transpose(1, 2) @ prepared.transforms.double())
+    t = torch.ones(r * r, dtype=torch.float64)
+    for i in range(len(prepared)):
+        c2 = cov[i][keep][:, keep] + dilation * h * h * torch.eye(2, dtype=torch.float64)
+        d = uv - prepared.means.double()[i, keep]
+        q = ((d @ torch.linalg.inv(c2)) * d).sum(-1)
+        a = (prepared.opacities.double()[i] * torch.exp(-0.5 * q)).clamp(max=0.999)
+        t *= 1 - torch.where(a >= 1 / 255, a, torch.zeros_like(a))
+    return (1 - t).reshape(r, r)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+@pytest.mark.parametrize("n,r,dilation", [(1, 9, 0.3), (2, 16, 0.0), (37, 19, 0.3), (150, 24, 1.0)])
+def test_column_alpha_matches_brute_force(axis, n, r, dilation):
+    from microdreamer.field.iso import column_alpha
+
+    s = make_random_splat(n, seed=31 * n + r, spread=0.9, log_scale_mean=-3.0, log_scale_std=1.0)
+    if n > 2:
+        s.means[0] = torch.tensor([2.0, -0.3, 0.1])  # partly off the grid across some axes
+    prepared, grid = prepare_gaussians(s, FieldConfig(resolution=r, voxel_filter=0.0))
+    out = column_alpha(prepared, grid, axis, dilation=dilation, max_pairs=97)  # many chunks
+    ref = _column_alpha_brute(prepared, grid, axis, dilation)
+    assert out.shape == (r, r) and out.dtype == torch.float32
+    assert (out - ref).abs().max() < 1e-6  # float32 output of a float64 computation
+
+
+def test_column_alpha_of_nothing_is_zero():
+    from microdreamer.field.iso import column_alpha
+
+    empty = PreparedGaussians(torch.zeros(0, 3), torch.zeros(0), torch.zeros(0, 3, 3), torch.zeros(0, 3))
+    assert torch.equal(column_alpha(empty, GridSpec(7, (0.0, 0.0, 0.0), 1.0), 1), torch.zeros(7, 7))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_column_alpha_is_what_the_rasteriser_shows_orthographically(axis):
+    """A near-orthographic camera (1e5 extents away, one pixel per grid column) through the torch
+    rasteriser (gsplat's rules: 0.3 px^2 dilation, 1/255 skip, 0.999 clamp) shows the same alpha."""
+    from microdreamer.cameras import Cameras
+    from microdreamer.field.iso import column_alpha
+    from microdreamer.render.gaussians import render
+
+    s = make_random_splat(60, seed=40 + axis, spread=0.6, log_scale_mean=-3.0, log_scale_std=0.7)
+    r = 24
+    prepared, grid = prepare_gaussians(s, FieldConfig(resolution=r, voxel_filter=0.0))
+    h = 2.0 / (r - 1)
+    # camera axes (x right, y down, z forward) as world axes, a proper rotation per view axis
+    rows = {0: (1, 2, 0), 1: (2, 0, 1), 2: (0, 1, 2)}[axis]
+    rot = torch.eye(3, dtype=torch.float64)[list(rows)]
+    dist = 1e5 * 2.0 / grid.scale
+    center = torch.tensor(grid.center, dtype=torch.float64)
+    view = torch.eye(4, dtype=torch.float64)
+    view[:3, :3] = rot
+    view[:3, 3] = -rot @ center + torch.tensor([0.0, 0.0, dist], dtype=torch.float64)
+    f = dist * grid.scale / h
+    K = torch.tensor([[f, 0, r / 2], [0, f, r / 2], [0, 0, 1]], dtype=torch.float64)
+    cams = Cameras(view[None].float(), K[None].float(), r, r, near=0.5 * dist, far=2 * dist)
+    img = render(s, cams, background=(0.0, 0.0, 0.0), backend="torch", depth=False).alpha[0, ..., 0]
+    # image [row, col] = (camera y, camera x) = (world axis rows[1], world axis rows[0])
+    expected = img.T if rows[0] < rows[1] else img
+    out = column_alpha(prepared, grid, axis)
+    err = float((out - expected).abs().max())
+    assert err < 2e-4, err  # float32 rasteriser; a column off by 0.01 pixel would differ by ~3e-3
+
+
+def test_choose_iso_level_known_answer():
+    """Column maxima exp(-r^2) and a disc of radius 0.6 as the splat's silhouette: the best level
+    separates the columns inside the disc from those outside, at IoU 1, in the middle of their gap."""
+    from microdreamer.field.iso import choose_iso_level
+
+    ax = torch.linspace(-1, 1, 41, dtype=torch.float64)
+    r2 = ax[:, None] ** 2 + ax[None, :] ** 2
+    column_max = torch.exp(-r2)
+    alpha = (r2 < 0.36).float() * 0.9
+    got = choose_iso_level([column_max, column_max.T, column_max], [alpha, alpha.T, alpha])
+    inside, outside = float(column_max[alpha > 0.5].min()), float(column_max[alpha <= 0.5].max())
+    assert outside <= got.level < inside and got.iou == 1.0 and got.iou_per_axis == (1.0, 1.0, 1.0)
+    assert got.level == pytest.approx((inside + outside) / 2, rel=1e-12)  # the middle of the gap
+    # nothing covered, or no field: DreamGaussian's level
+    assert choose_iso_level([column_max], [alpha * 0]).level == 1.0
+    assert choose_iso_level([column_max * 0], [alpha]).iou is None
+    flat = choose_iso_level([torch.full((5, 5), 2.0)], [torch.ones(5, 5)])  # one value: half of it
+    assert (flat.level, flat.iou) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("voxel_filter", [0.0, 0.25])
+def test_auto_iso_level_of_one_gaussian_known_answer(voxel_filter):
+    """One isotropic Gaussian (sigma s, opacity o): the splat's alpha is 0.5 at radius r_a with
+    o exp(-r_a^2 / (2 (s^2 + 0.3 h^2))) = 0.5, and the field's column maxima are
+    o' exp(-r^2 / (2 s'^2)) (s'^2 = s^2 + v h^2): the level is that value at r_a, up to the columns'
+    spacing (the level lies between the maxima of the columns just outside and just inside)."""
+    from microdreamer.field.iso import auto_iso_level
+
+    s = make_random_splat(1, seed=50)
+    s.log_scales[0] = math.log(0.2)
+    s.quats[0] = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    s.opacity_logits[0] = 2.0  # o = 0.88
+    cfg = FieldConfig(resolution=33, voxel_filter=voxel_filter)
+    fld = density_field(s, cfg)
+    got = auto_iso_level(s, fld.values, fld.grid, cfg)
+    o, h = float(s.opacities()[0]), 2.0 / 32
+    sigma = 0.2 * fld.grid.scale
+    r_a2 = 2 * (sigma**2 + 0.3 * h * h) * math.log(2 * o)
+    column = fld.values.amax(2).double()
+    ax = fld.grid.axis().double()
+    rr = ax[:, None] ** 2 + ax[None, :] ** 2
+    lo, hi = float(column[rr > r_a2].max()), float(column[rr < r_a2].min())
+    assert lo <= got.level <= hi
+    sw2 = sigma**2 + cfg.filter_variance_normalised
+    expected = o * (sigma**2 / sw2) ** 1.5 * math.exp(-r_a2 / (2 * sw2))
+    assert lo <= expected <= hi  # the analytic answer lies in the same gap
+    assert got.iou == 1.0 and got.method == "auto"
+
+
+def _thin_shell(n, seed):
+    """Flat discs (normal sigma 1/15 of the in-plane one, ~0.15 of a 32^3 voxel) tangent to a sphere of
+    radius 0.5, opacities in [0.1, 0.9]: a capture-like surface."""
+    g = torch.Generator().manual_seed(seed)
+    d = torch.nn.functional.normalize(torch.randn(n, 3, generator=g), dim=-1)
+    # the rotation taking +z to d (shortest arc), w = 1 + d_z
+    q = torch.nn.functional.normalize(
+        torch.stack([1 + d[:, 2], -d[:, 1], d[:, 0], torch.zeros(n)], -1), dim=-1
+    )
+    scales = torch.stack([torch.full((n,), 0.04), torch.full((n,), 0.04), torch.full((n,), 0.04 / 15)], -1)
+    opac = 0.1 + 0.8 * torch.rand(n, generator=g)
+    return Splat.from_activated(0.5 * d, scales, q, opac, torch.rand(n, 3, generator=g))
+
+
+def test_auto_iso_level_on_a_thin_shell():
+    """DreamGaussian's level 1 misses most of a capture-like thin shell; the chosen level is below it
+    and its silhouettes match the splat's."""
+    from microdreamer.field.iso import auto_iso_level, column_alpha
+
+    s = _thin_shell(3000, seed=51)
+    cfg = FieldConfig(resolution=32)
+    fld = density_field(s, cfg)
+    got = auto_iso_level(s, fld.values, fld.grid, cfg)
+    assert got.level < 0.5 and got.iou > 0.95
+    raw, _ = prepare_gaussians(s, FieldConfig(resolution=32, voxel_filter=0.0))
+    alpha = column_alpha(raw, fld.grid, 1) > 0.5
+    at_one = fld.values.amax(1) > 1.0
+    assert float((at_one & alpha).sum()) / float((at_one | alpha).sum()) < 0.8
+
+
+def test_resolve_iso_level():
+    from microdreamer.field.iso import resolve_iso_level
+
+    s = _thin_shell(500, seed=52)
+    for mode in ("exact", "upstream"):
+        cfg = FieldConfig(resolution=16, mode=mode)
+        fld = density_field(s, cfg)
+        fixed = resolve_iso_level(0.3, s, fld.values, fld.grid, cfg)
+        assert (fixed.level, fixed.method) == (0.3, "fixed")
+        auto = resolve_iso_level("auto", s, fld.values, fld.grid, cfg)
+        # upstream keeps DreamGaussian's density_thresh exactly
+        assert (auto.level, auto.method) == (
+            (1.0, "upstream") if mode == "upstream" else (auto.level, "auto")
+        )
+    with pytest.raises(ValueError, match="field of this splat"):
+        from microdreamer.field.iso import auto_iso_level
+
+        auto_iso_level(s, fld.values[:8], fld.grid, cfg)
