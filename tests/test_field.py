@@ -264,7 +264,7 @@ def test_field_matches_splat_reference(mode, voxel_filter, n, r):
 
 
 def test_mode_defaults_of_the_voxel_filter():
-    assert FieldConfig(mode="exact").filter_variance == pytest.approx(1.0 / 12.0)
+    assert FieldConfig(mode="exact").filter_variance == 0.25  # sigma = h / 2
     assert FieldConfig(mode="upstream").filter_variance == 0.0  # DreamGaussian samples points
     assert FieldConfig(mode="upstream", voxel_filter=0.5).filter_variance == 0.5
     cfg = FieldConfig(resolution=33, voxel_filter=2.0)
@@ -480,3 +480,22 @@ def test_resolve_iso_level():
         from microdreamer.field.iso import auto_iso_level
 
         auto_iso_level(s, fld.values[:8], fld.grid, cfg)
+
+
+def test_mesh_threshold_auto_is_resolved_before_the_mesh_stage():
+    from microdreamer.errors import InputError
+    from microdreamer.field.iso import resolve_iso_level
+    from microdreamer.mesh import MeshConfig, extract_mesh
+
+    s = _thin_shell(800, seed=53)
+    cfg = FieldConfig(resolution=20)
+    fld = density_field(s, cfg)
+    mesh_cfg = MeshConfig(threshold="auto")
+    with pytest.raises(ValueError, match="resolve_iso_level"):
+        extract_mesh(fld.values, fld.grid.origin, fld.grid.spacing, mesh_cfg)
+    level = resolve_iso_level(mesh_cfg.threshold, s, fld.values, fld.grid, cfg).level
+    mesh, _ = extract_mesh(fld.values, fld.grid.origin, fld.grid.spacing, MeshConfig(threshold=level))
+    assert mesh.num_faces > 0
+    for bad in ("high", float("nan")):
+        with pytest.raises(InputError, match="threshold"):
+            MeshConfig(threshold=bad)

@@ -37,8 +37,12 @@ point samples at voxel centres miss them or under-count them, and the mesh falls
 ``Sigma' = Sigma + v h^2 I`` (``h = 2 / (R - 1)``, the grid spacing in normalised units), and its
 opacity scaled so that it keeps its mass (its integral over space):
 ``o' = o sqrt(det Sigma / det Sigma') = o prod_k s_k / sqrt(s_k^2 + v h^2)``. The field is then the
-splat's density convolved with an isotropic Gaussian of variance ``v h^2``; ``v = 1/12`` is a box
-filter's variance, so the samples approximate the density averaged over each voxel. The added term is
+splat's density convolved with an isotropic Gaussian of variance ``v h^2``, a low-pass filter before
+sampling at spacing h. ``v = 1/12`` is a one-voxel box filter's variance (the samples approximate the
+density averaged over each voxel) but still aliases: by Poisson summation, the grid sum of a Gaussian of
+sigma s varies with its sub-voxel position by up to ``2 exp(-2 pi^2 s^2 / h^2)`` per axis, 39 % at
+``s^2 = h^2 / 12``, so a surface of thin Gaussians still samples into holes; ``v = 1/4`` (s = h / 2,
+the exact mode's default) brings that to 1.4 %. The added term is
 isotropic, so ``Sigma'`` keeps the Gaussian's axes (``S'^2 = S^2 + v h^2``) and the whitening transform
 stays ``S'^-1 R^T``. Every backend reads the widened Gaussians from :func:`prepare_gaussians`; the
 exact mode's cutoff and radii apply to the widened Gaussian. The opacity filter (``min_opacity``) and
@@ -57,7 +61,7 @@ from microdreamer.splat import Splat
 
 MODES = ("upstream", "exact")
 # the voxel filter of each mode when FieldConfig.voxel_filter is None (squared grid spacings)
-DEFAULT_VOXEL_FILTER = {"exact": 1.0 / 12.0, "upstream": 0.0}
+DEFAULT_VOXEL_FILTER = {"exact": 0.25, "upstream": 0.0}
 
 
 @dataclass
@@ -74,7 +78,7 @@ class FieldConfig:
         extent_factor: the kept Gaussians' largest bounding-box extent maps to this length in [-1, 1].
         voxel_filter: v, the variance added to every Gaussian, in squared grid spacings (see the module
             docstring: ``Sigma + v h^2 I``, mass kept); 0 samples points. None = the mode's default,
-            :data:`DEFAULT_VOXEL_FILTER` (exact: 1/12, a one-voxel box filter; upstream: 0).
+            :data:`DEFAULT_VOXEL_FILTER` (exact: 1/4, sigma = h / 2; upstream: 0).
     """
 
     resolution: int = 128

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +42,10 @@ class MeshConfig:
     """Settings of the mesh stage.
 
     Attributes:
-        threshold: iso-level of the density field; the object is where density > threshold.
+        threshold: iso-level of the density field (the object is where density > threshold), or
+            ``"auto"``: chosen from the splat by the caller that holds it, before :func:`extract_mesh`
+            (:func:`microdreamer.field.iso.resolve_iso_level`: in exact mode the level whose
+            silhouettes match the splat's alpha = 0.5 contour, in upstream mode DreamGaussian's 1).
         close_boundary: close surfaces cut by the grid's border (see :func:`marching_cubes`).
         min_component_fraction: drop connected components with fewer faces than this fraction of
             all faces (the largest component is always kept); 0 keeps everything.
@@ -49,13 +53,18 @@ class MeshConfig:
         decimate_target: simplify to about this many faces; None keeps the full mesh.
     """
 
-    threshold: float = 1.0
+    threshold: float | str = 1.0
     close_boundary: bool = True
     min_component_fraction: float = 0.02
     merge_tolerance: float = 1e-6
     decimate_target: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.threshold, str):
+            if self.threshold != "auto":
+                raise InputError(f"mesh threshold = {self.threshold!r} is unknown; use a number or 'auto'")
+        elif not math.isfinite(float(self.threshold)):
+            raise InputError(f"mesh threshold = {self.threshold} is not finite; use a number or 'auto'")
         if not 0.0 <= self.min_component_fraction <= 1.0:
             value = self.min_component_fraction
             raise InputError(f"mesh min_component_fraction = {value} is out of range; use a value in [0, 1]")
@@ -87,6 +96,11 @@ def extract_mesh(
         ``marching_cubes``, ``cleanup`` and ``decimate`` (0 when skipped).
     """
     config = MeshConfig() if config is None else config
+    if config.threshold == "auto":
+        raise ValueError(
+            "MeshConfig.threshold 'auto' is chosen from the splat: resolve it first with "
+            "microdreamer.field.iso.resolve_iso_level and pass the number"
+        )
     seconds = {"marching_cubes": 0.0, "cleanup": 0.0, "decimate": 0.0}
 
     start = time.perf_counter()
