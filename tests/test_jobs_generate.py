@@ -33,10 +33,11 @@ S = 64  # the tiny model's image side
 
 # --------------------------------------------------------------------------------------------- defaults
 def test_generate_meshes_at_upstreams_iso_level():
-    """image_sai.yaml's density_thresh 0.2; the mesh command keeps DreamGaussian's 1.0 for any splat."""
+    """image_sai.yaml's density_thresh 0.2; mesh and reconstruct share one setting, the level chosen from
+    the splat ("auto", DreamGaussian's 1.0 in upstream mode)."""
     assert GenerateConfig().export.mesh.threshold == 0.2
-    assert ReconstructJobConfig().export.mesh.threshold == 0.2
-    assert ExportConfig().mesh.threshold == 1.0
+    assert ReconstructJobConfig().export.mesh.threshold == "auto"
+    assert ExportConfig().mesh.threshold == "auto"
 
 
 def test_generate_texture_default_is_a_capped_512_bake():

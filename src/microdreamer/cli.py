@@ -245,10 +245,21 @@ EXTRA = {
 BY_NAME = {c.name: c for c in COMMANDS}
 
 
-def _scalar_type(annotation: Any) -> type:
-    """int, float or str of a field annotation (``int | None`` -> int)."""
+def _number_or_word(text: str) -> float | str:
+    """A ``float | str`` setting's value: a number when it reads as one (``0.2``), else the word (``auto``)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _scalar_type(annotation: Any) -> Any:
+    """int, float or str of a field annotation (``int | None`` -> int); ``float | str`` -> a number or
+    a word (:func:`_number_or_word`)."""
     if typing.get_origin(annotation) is not None:
         options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if float in options and str in options:
+            return _number_or_word
         return _scalar_type(options[0])
     return annotation
 
@@ -687,7 +698,8 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     print(f"Gaussians: {conv.num_gaussians_in} read, {conv.num_gaussians_kept} kept "
           f"(opacity > {cfg.field.min_opacity})")  # fmt: skip
-    print(f"grid: {conv.resolution}^3, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}")
+    print(f"grid: {conv.resolution}^3, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}; "
+          f"iso-level {conv.iso_level:.3g}" + (" (auto: from the splat's alpha)" if conv.iso_method == "auto" else ""))  # fmt: skip
     tex = f", {cfg.texture.mode} texture {cfg.texture.size}^2" if mesh.has_texture else ""
     from microdreamer.jobs.export import written_as
 

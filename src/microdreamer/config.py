@@ -155,6 +155,10 @@ class Config:
 FIELD_MODES = ("exact", "upstream")
 
 
+#: the voxel filter of each field mode when ``FieldConfig.voxel_filter`` is None (squared grid spacings)
+DEFAULT_VOXEL_FILTER = {"exact": 0.25, "upstream": 0.0}
+
+
 @dataclass
 class FieldConfig(Config):
     """The density field (:mod:`microdreamer.field`). ``upstream`` mode's defaults are DreamGaussian's.
@@ -168,6 +172,10 @@ class FieldConfig(Config):
         min_opacity: Gaussians with opacity <= this are dropped before normalisation (both modes).
         cutoff_tol: exact: terms below cutoff_tol * opacity are dropped (bound in ``field/common.py``).
         extent_factor: the kept Gaussians' largest bounding-box extent maps to this length in [-1, 1].
+        voxel_filter: v, the variance added to every Gaussian, in squared grid spacings
+            (``Sigma + v h^2 I`` with its mass kept: an anti-aliasing low-pass before sampling, see
+            ``field/common.py``); 0 samples points. None = the mode's default,
+            :data:`DEFAULT_VOXEL_FILTER` (exact: 1/4, sigma = h / 2; upstream: 0, DreamGaussian's).
     """
 
     resolution: int = setting(128, "grid points per axis")
@@ -178,14 +186,29 @@ class FieldConfig(Config):
     min_opacity: float = 0.005
     cutoff_tol: float = 1e-4
     extent_factor: float = 1.8
+    voxel_filter: float | None = None
 
     def validate(self) -> None:
         self.choose("mode", FIELD_MODES)
+        self.require("voxel_filter", self.voxel_filter is None or 0.0 <= self.voxel_filter <= 100.0,
+                     "must be in [0, 100] squared voxels, or none")  # fmt: skip
         self.require("resolution", 2 <= self.resolution <= 2048, "must be between 2 and 2048")
         self.require("cutoff_tol", 0.0 < self.cutoff_tol < 1.0, "must be in (0, 1)")
         self.require("num_blocks", self.num_blocks >= 1, "must be at least 1")
         self.require("extent_factor", self.extent_factor > 0, "must be positive")
         self.require("min_opacity", 0.0 <= self.min_opacity < 1.0, "must be in [0, 1)")
+
+    @property
+    def filter_variance(self) -> float:
+        """v of the voxel filter in squared grid spacings: ``voxel_filter``, or the mode's default."""
+        if self.voxel_filter is not None:
+            return float(self.voxel_filter)
+        return DEFAULT_VOXEL_FILTER[self.mode]
+
+    @property
+    def filter_variance_normalised(self) -> float:
+        """v h^2: the variance added to every Gaussian, in normalised units (h = 2 / (R - 1))."""
+        return self.filter_variance * (2.0 / (self.resolution - 1)) ** 2
 
     @property
     def cutoff_sq(self) -> float:
@@ -211,7 +234,10 @@ class MeshConfig(Config):
     """The mesh stage (:mod:`microdreamer.mesh`).
 
     Attributes:
-        threshold: iso-level of the density field; the object is where density > threshold.
+        threshold: iso-level of the density field (the object is where density > threshold), or
+            ``"auto"``: chosen from the splat after the field (``field.iso.resolve_iso_level``): in exact
+            mode the level whose silhouettes along the grid's axes best match the splat's alpha = 0.5
+            contour, in upstream mode DreamGaussian's 1.
         close_boundary: close surfaces cut by the grid's border (see ``mesh.marching_cubes``).
         min_component_fraction: drop connected components with fewer faces than this fraction of all
             faces (the largest component is always kept); 0 keeps everything.
@@ -225,7 +251,7 @@ class MeshConfig(Config):
             0.6x to 0.8x with one (benchmarks/results/marching_cpu*.json), so the CPU keeps scikit-image.
     """
 
-    threshold: float = setting(1.0, "density iso-level")
+    threshold: float | str = setting("auto", "density iso-level, or auto (from the splat's alpha)")
     close_boundary: bool = True
     min_component_fraction: float = 0.02
     merge_tolerance: float = 1e-6
@@ -234,7 +260,11 @@ class MeshConfig(Config):
 
     def validate(self) -> None:
         self.choose("backend", MESH_BACKENDS)
-        self.require("threshold", self.threshold > 0.0, "must be positive (the density is never negative)")
+        if isinstance(self.threshold, str):
+            self.require("threshold", self.threshold == "auto", "must be a positive number or auto")
+        else:
+            self.require("threshold", math.isfinite(self.threshold) and self.threshold > 0.0,
+                         "must be positive (the density is never negative) and finite, or auto")  # fmt: skip
         self.require("min_component_fraction", 0.0 <= self.min_component_fraction <= 1.0, "must be in [0, 1]")
         self.require("merge_tolerance", self.merge_tolerance >= 0.0, "must be 0 or more")
         self.require("decimate_target", self.decimate_target is None or self.decimate_target >= 4,
@@ -924,7 +954,7 @@ FRAMES = ("input", "dataset")
 
 
 def _reconstruct_export() -> ExportConfig:
-    return ExportConfig(mesh=MeshConfig(threshold=0.2))
+    return ExportConfig()
 
 
 @dataclass

@@ -28,6 +28,26 @@ Bound: every dropped term is ``o_i exp(-q/2) < cutoff_tol * o_i <= cutoff_tol``,
 (``c = 4.29``), a voxel would need 10^4 fully opaque Gaussians cut at it to move by 1 (the default
 mesh threshold). Integrated over space, the mass dropped per Gaussian is the chi-square(3) tail
 ``P(chi2_3 > c^2) = 3.8e-4`` of its own mass.
+
+Voxel filter (anti-aliased sampling)
+------------------------------------
+A captured surface is a thin layer of small, partly transparent Gaussians, often thinner than a voxel;
+point samples at voxel centres miss them or under-count them, and the mesh falls apart. With
+``voxel_filter = v > 0`` each kept Gaussian's covariance is widened by ``v h^2`` in every direction,
+``Sigma' = Sigma + v h^2 I`` (``h = 2 / (R - 1)``, the grid spacing in normalised units), and its
+opacity scaled so that it keeps its mass (its integral over space):
+``o' = o sqrt(det Sigma / det Sigma') = o prod_k s_k / sqrt(s_k^2 + v h^2)``. The field is then the
+splat's density convolved with an isotropic Gaussian of variance ``v h^2``, a low-pass filter before
+sampling at spacing h. ``v = 1/12`` is a one-voxel box filter's variance (the samples approximate the
+density averaged over each voxel) but still aliases: by Poisson summation, the grid sum of a Gaussian of
+sigma s varies with its sub-voxel position by up to ``2 exp(-2 pi^2 s^2 / h^2)`` per axis, 39 % at
+``s^2 = h^2 / 12``, so a surface of thin Gaussians still samples into holes; ``v = 1/4`` (s = h / 2,
+the exact mode's default) brings that to 1.4 %. The added term is
+isotropic, so ``Sigma'`` keeps the Gaussian's axes (``S'^2 = S^2 + v h^2``) and the whitening transform
+stays ``S'^-1 R^T``. Every backend reads the widened Gaussians from :func:`prepare_gaussians`; the
+exact mode's cutoff and radii apply to the widened Gaussian. The opacity filter (``min_opacity``) and
+the normalisation use the original opacities and centres. ``upstream`` mode samples points, as
+DreamGaussian does (no filter by default).
 """
 
 from __future__ import annotations
@@ -76,7 +96,8 @@ class PreparedGaussians:
 
     Attributes:
         means: [N, 3] float32, normalised coordinates.
-        opacities: [N] float32 in (0, 1].
+        opacities: [N] float32 in (0, 1] (scaled down by the voxel filter, which keeps each
+            Gaussian's mass).
         transforms: [N, 3, 3] float32 whitening transforms M = S^-1 R^T (normalised units), so that
             q(x) = |M (x - mean)|^2.
         radii: [N, 3] float32 half-extents of the axis-aligned box holding the ellipsoid q <= c^2 of
@@ -98,7 +119,8 @@ class PreparedGaussians:
 
 
 def prepare_gaussians(splat: Splat, config: FieldConfig) -> tuple[PreparedGaussians, GridSpec]:
-    """Filter by opacity, normalise into the grid's cube and build the whitening transforms.
+    """Filter by opacity, normalise into the grid's cube, apply the voxel filter (if any) and build
+    the whitening transforms.
 
     Runs on the splat's device; the geometry is computed in float64 and rounded to float32 once.
     When the kept centres have no extent (one Gaussian, or all at one point) the cube is sized to
@@ -126,6 +148,12 @@ def prepare_gaussians(splat: Splat, config: FieldConfig) -> tuple[PreparedGaussi
         scale = config.extent_factor / extent
         norm_means = (means - center) * scale
         norm_scales = scales * scale
+        opacities = opac[keep].double()
+        widen = config.filter_variance_normalised
+        if widen > 0.0:  # Sigma + v h^2 I with the mass kept (see the module docstring)
+            wide = (norm_scales.square() + widen).sqrt()
+            opacities = opacities * (norm_scales / wide).prod(-1)
+            norm_scales = wide
         # M = S^-1 R^T: row k is the k-th axis of the Gaussian divided by its standard deviation
         transforms = rot.transpose(1, 2) / norm_scales[:, :, None]
         # Sigma_kk = sum_j (R_kj s_j)^2; the ellipsoid q <= c^2 spans c * sqrt(Sigma_kk) along axis k
@@ -133,7 +161,7 @@ def prepare_gaussians(splat: Splat, config: FieldConfig) -> tuple[PreparedGaussi
         radii = math.sqrt(config.cutoff_sq) * sigma_diag.sqrt() * (1.0 + 1e-6)
         prepared = PreparedGaussians(
             means=norm_means.float().contiguous(),
-            opacities=opac[keep].contiguous(),
+            opacities=opacities.float().contiguous(),
             transforms=transforms.float().contiguous(),
             radii=radii.float().contiguous(),
         )

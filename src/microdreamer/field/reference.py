@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from microdreamer.field.common import FieldConfig, GridSpec, PreparedGaussians, upstream_block_bounds
+from microdreamer.field.common import (
+    FieldConfig,
+    GridSpec,
+    PreparedGaussians,
+    prepare_gaussians,
+    upstream_block_bounds,
+)
 
 
 def gaussian_3d_coeff(xyzs: torch.Tensor, covs: torch.Tensor) -> torch.Tensor:
@@ -74,6 +80,53 @@ def density_field_reference(prepared: PreparedGaussians, grid: GridSpec, config:
             w = torch.where(q <= config.cutoff_sq, w, torch.zeros_like(w))
         else:
             inside = [(lo < means[i, a]) & (means[i, a] < hi) for a in range(3)]  # [R] per axis
+            mask = inside[0][:, None, None] & inside[1][None, :, None] & inside[2][None, None, :]
+            w = torch.where(mask.reshape(-1), w, torch.zeros_like(w))
+        occ += w
+    return occ.reshape(r, r, r)
+
+
+def density_field_splat_reference(splat, config: FieldConfig) -> torch.Tensor:
+    """The density field defined from the splat itself, in float64, voxel filter included.
+
+    Independent of :func:`prepare_gaussians`'s arithmetic except for the grid (its centre and scale,
+    tested on their own): for each Gaussian with opacity ``> min_opacity``, the world covariance
+    ``R S S^T R^T`` is scaled into normalised units (``scale^2 Sigma``), the filter's ``v h^2 I`` is
+    added (``v = config.filter_variance``, ``h = 2 / (R - 1)``), the opacity is multiplied by
+    ``sqrt(det Sigma / det Sigma')`` and ``q = d^T Sigma'^-1 d`` comes from the 3x3 inverse; then the
+    mode's rule (exact: ``q <= c^2``; upstream: the block rule on the centres).
+
+    Returns:
+        [R, R, R] float64 on the CPU (index as :func:`density_field_reference`).
+    """
+    _, grid = prepare_gaussians(splat, config)
+    r = grid.resolution
+    opac = splat.opacities().double().cpu()
+    keep = opac > config.min_opacity
+    opac = opac[keep]
+    means = (splat.means.double().cpu()[keep] - torch.tensor(grid.center, dtype=torch.float64)) * grid.scale
+    rot = splat.rotation_matrices().double().cpu()[keep]
+    rs = rot * splat.scales().double().cpu()[keep][:, None, :]
+    cov = (rs @ rs.transpose(1, 2)) * grid.scale**2
+    v = config.filter_variance * (2.0 / (r - 1)) ** 2
+    wide = cov + v * torch.eye(3, dtype=torch.float64)
+    opac = opac * torch.sqrt(torch.linalg.det(cov) / torch.linalg.det(wide))
+    precision = torch.linalg.inv(wide)
+    axis = grid.axis().double()
+    xs = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
+    occ = torch.zeros(r**3, dtype=torch.float64)
+    if config.mode == "upstream":
+        t, lower, upper = upstream_block_bounds(grid, config)
+        block_of_voxel = torch.arange(r) // t
+        lo, hi = lower[block_of_voxel], upper[block_of_voxel]
+    for i in range(means.shape[0]):
+        d = xs - means[i]
+        q = ((d @ precision[i]) * d).sum(-1)
+        w = opac[i] * torch.exp(-0.5 * q)
+        if config.mode == "exact":
+            w = torch.where(q <= config.cutoff_sq, w, torch.zeros_like(w))
+        else:
+            inside = [(lo < means[i, a]) & (means[i, a] < hi) for a in range(3)]
             mask = inside[0][:, None, None] & inside[1][None, :, None] & inside[2][None, None, :]
             w = torch.where(mask.reshape(-1), w, torch.zeros_like(w))
         occ += w

@@ -191,7 +191,13 @@ class GenerateJob(BatchJob):
     kind = "generate"
     suffixes = IMAGE_SUFFIXES
     what = "image"
-    FILES = ("input_rgba.png", "splat.ply", "mesh.glb", "views.png", "timings.json")  # timings.json is written last
+    FILES = (
+        "input_rgba.png",
+        "splat.ply",
+        "mesh.glb",
+        "views.png",
+        "timings.json",
+    )  # timings.json is written last
 
     def output_for(self, out_dir: Path, name: str) -> Path:
         return out_dir / name

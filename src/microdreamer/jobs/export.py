@@ -11,7 +11,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -19,6 +19,7 @@ import torch
 from microdreamer.config import ExportConfig, FieldConfig, MeshConfig
 from microdreamer.errors import InputError
 from microdreamer.field import DensityField, GridSpec, PreparedGaussians, compute_field, prepare_gaussians
+from microdreamer.field.iso import IsoLevel, resolve_iso_level
 from microdreamer.mesh import Mesh, extract_mesh, save_mesh
 from microdreamer.profiling import StageTimer
 from microdreamer.progress import stage as progress_stage
@@ -38,6 +39,9 @@ class ConvertResult:
     backend: str
     field_max: float
     mesh_stats: dict = field(default_factory=dict)
+    iso_level: float | None = None
+    iso_method: str = "fixed"
+    iso_iou: float | None = None
 
 
 @dataclass
@@ -66,6 +70,8 @@ class ExportResult:
             or None,
             "field_resolution": self.convert.resolution,
             "field_backend": self.convert.backend,
+            "iso_level": self.convert.iso_level,
+            "iso_method": self.convert.iso_method,
         }
 
 
@@ -321,6 +327,11 @@ def splat_to_mesh(
         values = fld.values  # stays on the device for marching cubes there
     if fld.num_gaussians == 0:
         raise InputError(f"{name}: no Gaussian has opacity above {field_config.min_opacity}; nothing to mesh")
+    iso = IsoLevel(float(mesh_config.threshold)) if mesh_config.threshold != "auto" else None
+    if iso is None:
+        with timer.stage("iso"), progress_stage("iso-level from the splat's alpha"):
+            iso = resolve_iso_level("auto", splat.to(device), values, grid, field_config)
+        mesh_config = replace(mesh_config, threshold=iso.level)
     vmin, vmax = (float(v) for v in torch.aminmax(values))
     if not vmin <= mesh_config.threshold < vmax:
         raise no_surface_error(splat, fld, vmin, vmax, field_config, mesh_config, name, hints)
@@ -333,9 +344,8 @@ def splat_to_mesh(
             f"{name}: no surface is left after marching cubes and cleanup at the iso-level "
             f"{mesh_config.threshold:g} (the density spans {vmin:.3g} to {vmax:.3g}); try another {hints['threshold']}"
         )
-    return ConvertResult(
-        mesh, len(splat), fld.num_gaussians, field_config.resolution, fld.backend, vmax, stats
-    )
+    return ConvertResult(mesh, len(splat), fld.num_gaussians, field_config.resolution, fld.backend, vmax, stats,
+                         iso.level, iso.method, iso.iou)  # fmt: skip
 
 
 def export_mesh(

@@ -80,6 +80,11 @@ def extract_mesh(
         ``backend``: the implementation that ran (``"skimage"`` or ``"torch"``).
     """
     config = MeshConfig() if config is None else config
+    if config.threshold == "auto":
+        raise ValueError(
+            "MeshConfig.threshold 'auto' is chosen from the splat: resolve it first with "
+            "microdreamer.field.iso.resolve_iso_level and pass the number"
+        )
     seconds = {"marching_cubes": 0.0, "cleanup": 0.0, "decimate": 0.0}
     backend = resolve_mesh_backend(config.backend, values)
 

@@ -1,0 +1,210 @@
+"""The iso-level of a splat's density field, chosen from the splat itself.
+
+A fixed level does not fit every splat: a generated object (DreamGaussian) is a pile of large,
+overlapping Gaussians whose summed density reaches tens inside it, while a real capture is a thin,
+fuzzy layer of small, partly transparent Gaussians whose density stays well below 1 at most points
+even where the splat renders opaque (its alpha gathers many of them along each ray; a point sample
+sees only those at that depth). The level chosen here makes the mesh's silhouettes match the splat's.
+
+Seen along a grid axis, orthographically, at the grid's own columns, the splat has the alpha
+
+    A(p) = 1 - prod_i (1 - a_i(p)),   a_i(p) = min(0.999, o_i exp(-d^T Sigma2_i^-1 d / 2)),
+
+``d`` the column's offset from Gaussian i's centre across the axis, ``Sigma2_i`` its covariance
+marginalised onto the plane across the axis plus ``dilation * h^2 I`` (the 3DGS rasteriser's low-pass
+filter of 0.3 pixel^2, one pixel per grid column), terms ``a_i < 1/255`` skipped, as the rasteriser
+skips them. Along a column the product does not depend on the order, and an orthographic projection
+of a Gaussian is exactly its marginal, so this is what a 3DGS rasteriser shows through an orthographic
+camera, with no render. The mesh covers the same column where the field's largest sample along it
+exceeds the level (marching cubes follows the trilinear interpolant, whose maximum along a grid line
+is its largest sample there). :func:`choose_iso_level` picks the level whose silhouettes
+``{column maximum > level}`` match ``{A > alpha_level}`` best (intersection over union, the columns of
+the three axes pooled). The original Gaussians give the alpha (no voxel filter); the field is whatever
+the config made (with its filter).
+
+Cost: one pass over the (Gaussian, column) pairs of each axis' footprints, of the order of the field's
+own (Gaussian, voxel) pairs divided by R, and three max-reductions of the grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from microdreamer.field.binning import box_cells, chunk_bounds
+from microdreamer.field.common import FieldConfig, GridSpec, PreparedGaussians, prepare_gaussians
+
+# DreamGaussian's density_thresh: the level of ``upstream`` mode
+UPSTREAM_ISO_LEVEL = 1.0
+# the 3DGS rasteriser's limits on one Gaussian's alpha at a pixel
+MIN_ALPHA = 1.0 / 255.0
+MAX_ALPHA = 0.999
+# its low-pass filter, in squared pixels (here: squared grid spacings)
+DILATION = 0.3
+
+__all__ = [
+    "DILATION",
+    "UPSTREAM_ISO_LEVEL",
+    "IsoLevel",
+    "auto_iso_level",
+    "choose_iso_level",
+    "column_alpha",
+    "resolve_iso_level",
+]
+
+
+@dataclass
+class IsoLevel:
+    """An iso-level and how it was set.
+
+    Attributes:
+        level: the iso-level (the object is where the field exceeds it).
+        method: ``"auto"`` (chosen from the splat), ``"upstream"`` (DreamGaussian's 1) or ``"fixed"``.
+        iou: auto: the silhouettes' intersection over union at ``level`` (three axes pooled).
+        iou_per_axis: auto: (x, y, z) the same per axis.
+    """
+
+    level: float
+    method: str = "fixed"
+    iou: float | None = None
+    iou_per_axis: tuple[float, float, float] | None = None
+
+
+def column_alpha(
+    prepared: PreparedGaussians,
+    grid: GridSpec,
+    axis: int,
+    dilation: float = DILATION,
+    max_pairs: int = 1 << 22,
+) -> torch.Tensor:
+    """The splat's orthographic alpha along ``axis`` at the grid's columns (see the module docstring).
+
+    Args:
+        prepared: N Gaussians as :func:`prepare_gaussians` makes them with ``voxel_filter=0``: their
+            own opacities and covariances, normalised coordinates.
+        grid: the field's grid; the columns are its points across ``axis``.
+        axis: 0, 1 or 2.
+        dilation: added to every 2D covariance, in squared grid spacings.
+        max_pairs: (Gaussian, column) pairs evaluated at once (memory: about 80 bytes each).
+
+    Returns:
+        [R, R] float32 alpha on the Gaussians' device; ``[u, v]`` is the column at grid indices (u, v)
+        of the two other axes in increasing order (the layout of ``values.amax(axis)``).
+    """
+    if axis not in (0, 1, 2):
+        raise ValueError(f"axis must be 0, 1 or 2, got {axis}")
+    r = grid.resolution
+    device = prepared.means.device
+    log_t = torch.zeros(r * r, dtype=torch.float64, device=device)
+    if len(prepared) == 0:
+        return torch.zeros(r, r, dtype=torch.float32, device=device)
+    keep = [a for a in range(3) if a != axis]
+    h = 2.0 / (r - 1)
+    rs = torch.linalg.inv(prepared.transforms.double())  # M^-1 = R S
+    rs2 = rs[:, keep]  # [N, 2, 3] the rows of the two kept axes
+    cov2 = rs2 @ rs2.transpose(1, 2) + dilation * h * h * torch.eye(2, dtype=torch.float64, device=device)
+    det = cov2[:, 0, 0] * cov2[:, 1, 1] - cov2[:, 0, 1] ** 2
+    # precision (a, b, c) of [[a, b], [b, c]] = cov2^-1; det > 0 when dilation > 0 or the Gaussian is not flat
+    pa, pb, pc = cov2[:, 1, 1] / det, -cov2[:, 0, 1] / det, cov2[:, 0, 0] / det
+    mu = prepared.means.double()[:, keep]
+    opac = prepared.opacities.double().clamp(max=1.0)
+    # a_i >= 1/255 needs q <= 2 ln(255 o_i): the box around that ellipse, in columns
+    q_max = 2.0 * torch.log(opac / MIN_ALPHA).clamp_min(0.0)
+    half = (q_max[:, None] * torch.stack([cov2[:, 0, 0], cov2[:, 1, 1]], -1)).sqrt()
+    first = torch.ceil((mu - half + 1.0) / h - 1e-9).clamp(0, r - 1).long()
+    last = torch.floor((mu + half + 1.0) / h + 1e-9).clamp(-1, r - 1).long()
+    outside = ((mu + half) < -1.0 - h) | ((mu - half) > 1.0 + h) | ~torch.isfinite(half)
+    extent = torch.where(outside, torch.zeros_like(first), (last - first + 1).clamp_min(0))
+    extent = torch.where(outside.any(-1, keepdim=True), torch.zeros_like(extent), extent)
+    first3 = torch.cat([first, torch.zeros_like(first[:, :1])], -1)
+    extent3 = torch.cat([extent, torch.ones_like(extent[:, :1])], -1)
+    counts = extent3.prod(-1)
+    bounds = chunk_bounds(counts, max_pairs)
+    for c0, c1 in zip(bounds[:-1], bounds[1:], strict=True):
+        if int(counts[c0:c1].sum()) == 0:
+            continue
+        owner, cell = box_cells(first3, extent3, (r, r, 1), c0, c1)
+        du = (cell // r).double() * h - 1.0 - mu[owner, 0]
+        dv = (cell % r).double() * h - 1.0 - mu[owner, 1]
+        q = pa[owner] * du * du + 2.0 * pb[owner] * du * dv + pc[owner] * dv * dv
+        a = (opac[owner] * torch.exp(-0.5 * q)).clamp_(max=MAX_ALPHA)
+        a = torch.where(a >= MIN_ALPHA, a, torch.zeros_like(a))
+        log_t.index_add_(0, cell, torch.log1p(-a))
+    return (-torch.expm1(log_t)).float().reshape(r, r)
+
+
+def choose_iso_level(
+    column_max: list[torch.Tensor], alphas: list[torch.Tensor], alpha_level: float = 0.5
+) -> IsoLevel:
+    """The level t maximising the pooled IoU of ``{column_max > t}`` and ``{alpha > alpha_level}``.
+
+    The IoU changes only where t passes a column's maximum, so every gap between consecutive distinct
+    column maxima (and 0) is tried, at its midpoint; among equally good levels the highest wins.
+
+    Args:
+        column_max: per view, [H, W] the field's largest sample along each column.
+        alphas: per view, [H, W] the splat's alpha at the same columns.
+        alpha_level: the alpha of the splat's silhouette.
+
+    Returns:
+        :class:`IsoLevel` with ``method="auto"``. When the splat covers no column or the field is 0
+        everywhere, the level is DreamGaussian's 1 and ``iou`` is None.
+    """
+    m = torch.cat([x.reshape(-1).double().cpu() for x in column_max])
+    a = torch.cat([x.reshape(-1).cpu() > alpha_level for x in alphas])
+    if not a.any() or not (m.numel() and float(m.max()) > 0.0):
+        return IsoLevel(UPSTREAM_ISO_LEVEL, "auto")
+    values = torch.unique(torch.cat([m.new_zeros(1), m.clamp_min(0.0)]))  # sorted, from 0
+    levels = (values[:-1] + values[1:]) / 2  # one level in every gap, the one above 0 included
+    # |{m > t}| and |{m > t} & {a}| for every t at once, from sorted values
+    covered = int(a.sum())
+    above = m.numel() - torch.searchsorted(torch.sort(m).values, levels, right=True)
+    inter = covered - torch.searchsorted(torch.sort(m[a]).values, levels, right=True)
+    iou = inter.double() / (above + covered - inter).double()
+    k = int(torch.nonzero(iou >= iou.max()).max())
+    level = float(levels[k])
+    per_axis = []
+    for x, y in zip(column_max, alphas, strict=True):
+        mm, aa = x.cpu() > level, y.cpu() > alpha_level
+        union = int((mm | aa).sum())
+        per_axis.append(int((mm & aa).sum()) / union if union else 1.0)
+    return IsoLevel(level, "auto", float(iou[k]), tuple(per_axis))
+
+
+def auto_iso_level(
+    splat, values: torch.Tensor, grid: GridSpec, config: FieldConfig, alpha_level: float = 0.5
+) -> IsoLevel:
+    """The iso-level of ``values`` (the field of ``splat`` under ``config``) whose silhouettes along
+    the grid's three axes match the splat's ``alpha_level`` contour best (see the module docstring).
+
+    Args:
+        splat: the splat the field was computed from (on the device to compute on).
+        values: [R, R, R] its density field.
+        grid: the field's grid (from ``prepare_gaussians(splat, config)``).
+        config: the field's settings.
+        alpha_level: the alpha of the splat's silhouette.
+    """
+    raw, raw_grid = prepare_gaussians(splat, replace(config, voxel_filter=0.0))
+    if (
+        raw_grid.center != grid.center
+        or raw_grid.scale != grid.scale
+        or values.shape != (grid.resolution,) * 3
+    ):
+        raise ValueError("values is not the field of this splat on this grid")
+    alphas = [column_alpha(raw, grid, a) for a in range(3)]
+    values = values.to(raw.means.device)
+    return choose_iso_level([values.amax(a) for a in range(3)], alphas, alpha_level)
+
+
+def resolve_iso_level(
+    threshold: float | str, splat, values: torch.Tensor, grid: GridSpec, config: FieldConfig
+) -> IsoLevel:
+    """A mesh threshold setting -> the level to mesh at: a number as it is; ``"auto"`` as
+    DreamGaussian's 1 in ``upstream`` mode (its semantics exactly) and :func:`auto_iso_level` in
+    ``exact`` mode."""
+    if threshold != "auto":
+        return IsoLevel(float(threshold), "fixed")
+    if config.mode == "upstream":
+        return IsoLevel(UPSTREAM_ISO_LEVEL, "upstream")
+    return auto_iso_level(splat, values, grid, config)
