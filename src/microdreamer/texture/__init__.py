@@ -2,7 +2,8 @@
 
 :func:`texture_mesh` runs the stage with a :class:`TextureConfig`:
 
-1. face cap (quadric decimation to ``max_faces``) and UV unwrap with xatlas (:func:`unwrap`);
+1. face cap (quadric decimation to ``max_faces``) and UV unwrap, by ``unwrap``: charts of clustered
+   normals (:func:`unwrap_charts`, the default) or xatlas (:func:`unwrap`);
 2. the covered texels of the ``size`` x ``size`` atlas as surface points (:func:`texel_samples`);
 3. their colours, by ``mode``:
 
@@ -16,7 +17,7 @@
    (:func:`fill_texture`), so there is no empty texel;
 5. optional stage-2 refinement against targets (:func:`refine_texture`, ``refine.steps > 0``).
 
-xatlas is imported only when unwrapping.
+xatlas is imported only when unwrapping with it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from microdreamer.texture.bake import (
     mesh_render_fn,
     splat_render_fn,
 )
+from microdreamer.texture.charts import unwrap_charts
 from microdreamer.texture.field_bake import bake_field, colour_field, colour_field_reference
 from microdreamer.texture.refine import RefineConfig, TargetsFn, refine_texture, splat_targets
 from microdreamer.texture.unwrap import UVLayout, unwrap
@@ -68,9 +70,11 @@ __all__ = [
     "texel_samples",
     "texture_mesh",
     "unwrap",
+    "unwrap_charts",
 ]
 
 MODES = ("bake", "field", "none")
+UNWRAPS = ("charts", "xatlas")
 
 
 @dataclass
@@ -80,9 +84,11 @@ class TextureConfig:
     Attributes:
         mode: ``"bake"`` (from splat renders), ``"field"`` (from the colour field) or ``"none"``.
         size: the texture is size x size texels.
+        unwrap: ``"charts"`` (:func:`unwrap_charts`: normal clustering and outline packing, vectorised,
+            made for noisy captured surfaces) or ``"xatlas"`` (:func:`unwrap`).
         max_faces: face cap before unwrapping (decimation); None = no cap.
         padding: texels between charts in the atlas.
-        chart_iterations: xatlas's chart-growing iterations (``ChartOptions.max_iterations``): 1 (its
+        chart_iterations: (xatlas only) xatlas's chart-growing iterations (``ChartOptions.max_iterations``): 1 (its
             default) gives the fewest charts; 0 skips the refinement, ~1.4x faster on a smooth 10k-face
             mesh and ~7x on a noisy one, for ~20 % more charts (more seams) at the same atlas use.
         bake: the back-projection bake (view set, thresholds, renderer backend).
@@ -92,6 +98,7 @@ class TextureConfig:
     """
 
     mode: str = "bake"
+    unwrap: str = "charts"
     size: int = 1024
     max_faces: int | None = 50_000
     padding: int = 2
@@ -103,6 +110,8 @@ class TextureConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise InputError(f"texture mode {self.mode!r} is unknown; use one of {', '.join(MODES)}")
+        if self.unwrap not in UNWRAPS:
+            raise InputError(f"texture unwrap {self.unwrap!r} is unknown; use one of {', '.join(UNWRAPS)}")
         if not 16 <= int(self.size) <= 16384:
             raise InputError(f"texture size {self.size} is out of range; use 16 to 16384 texels")
         if self.max_faces is not None and self.max_faces < 4:
@@ -160,10 +169,14 @@ def texture_mesh(
     device = torch.device(device)
     seconds: dict[str, float] = {}
 
-    layout = unwrap(mesh, config.max_faces, config.size, config.padding, config.chart_iterations)
+    if config.unwrap == "charts":
+        layout = unwrap_charts(mesh, config.max_faces, config.size, config.padding)
+        seconds["unwrap"] = layout.stats["seconds"]["unwrap"]
+    else:
+        layout = unwrap(mesh, config.max_faces, config.size, config.padding, config.chart_iterations)
+        seconds["unwrap"] = layout.stats["seconds"]["xatlas"]
     seconds["decimate"] = layout.stats["seconds"]["decimate"]
-    seconds["unwrap"] = layout.stats["seconds"]["xatlas"]
-    stats = {"mode": config.mode, "size": config.size}
+    stats = {"mode": config.mode, "unwrap": config.unwrap, "size": config.size}
     stats.update({k: v for k, v in layout.stats.items() if k != "seconds"})
 
     start = time.perf_counter()
