@@ -251,21 +251,26 @@ def _chart_frames(
     labels: torch.Tensor,
     min_cos: float,
 ) -> torch.Tensor:
-    """[C, 3] projection direction of each chart: its area-weighted mean normal if every face of the
-    chart is within ``min_cos`` of it, else its label's direction (which every face is within)."""
+    """[C, 3] projection direction of each chart: its area-weighted mean normal where that leaves every
+    face of the chart within ``min_cos`` or at least as close as its label's direction does, else the
+    label's direction (so no face gets farther from its projection direction than from its label's)."""
     device = normals.device
+    f = normals.shape[0]
     mean = torch.zeros(n_charts, 3, device=device, dtype=normals.dtype)
     mean.index_add_(0, chart, normals * area[:, None])
     mean = torch.nn.functional.normalize(mean, dim=-1)
-    cos = (normals * mean[chart]).sum(-1)
-    cos = torch.where(degenerate, torch.ones_like(cos), cos)
-    worst = torch.full((n_charts,), 2.0, device=device, dtype=normals.dtype)
-    worst.scatter_reduce_(0, chart, cos, reduce="amin")
-    first = torch.full((n_charts,), normals.shape[0], dtype=torch.int64, device=device)
-    first.scatter_reduce_(0, chart, torch.arange(normals.shape[0], device=device), reduce="amin")
-    fallback = dirs[labels[first]]
-    use_mean = (worst >= min_cos) & (mean.norm(dim=-1) > 0.5)
-    return torch.where(use_mean[:, None], mean, fallback)
+    first = torch.full((n_charts,), f, dtype=torch.int64, device=device)
+    first.scatter_reduce_(0, chart, torch.arange(f, device=device), reduce="amin")
+    label_dir = dirs[labels[first]]
+    worst = []
+    for d in (mean, label_dir):
+        cos = torch.where(
+            degenerate, torch.ones(f, device=device, dtype=normals.dtype), (normals * d[chart]).sum(-1)
+        )
+        w = torch.full((n_charts,), 2.0, device=device, dtype=normals.dtype)
+        worst.append(w.scatter_reduce_(0, chart, cos, reduce="amin"))
+    use_mean = (worst[0] >= torch.clamp(worst[1], max=min_cos)) & (mean.norm(dim=-1) > 0.5)
+    return torch.where(use_mean[:, None], mean, label_dir)
 
 
 def _tangent_basis(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -409,7 +414,13 @@ def slab_extents(
 
 
 def coarse_profiles(
-    lo: np.ndarray, hi: np.ndarray, fine: np.ndarray, coarse: np.ndarray, ratio: float, rows: np.ndarray
+    lo: np.ndarray,
+    hi: np.ndarray,
+    fine: np.ndarray,
+    coarse: np.ndarray,
+    ratio: float,
+    rows: np.ndarray,
+    select: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Integer profiles (first touched texel, one past the last) at a density ``1 / ratio`` times that
     of the fine slab extents lo/hi (:func:`slab_extents`), conservative: coarse slab j of a chart is
@@ -420,12 +431,14 @@ def coarse_profiles(
         coarse: [C] coarse slabs per chart, with ceil(coarse * ratio) >= fine.
         ratio: fine units per coarse unit, >= 1.
         rows: [C] the coarse size of each chart across the slabs (the clamp of the profiles).
+        select: [S] the charts wanted, ascending.
 
     Returns:
-        (first [sum coarse], end [sum coarse]) int64.
+        (first [sum coarse[select]], end [...]) int64, the selected charts' profiles one after another.
     """
-    chart = np.repeat(np.arange(len(coarse)), coarse)
-    j = np.arange(int(coarse.sum())) - np.repeat(np.cumsum(coarse) - coarse, coarse)
+    want = coarse[select]
+    chart = np.repeat(select, want)
+    j = np.arange(int(want.sum())) - np.repeat(np.cumsum(want) - want, want)
     f_off = np.cumsum(fine) - fine
     last = f_off[chart] + fine[chart] - 1
     start = np.minimum(f_off[chart] + np.floor(j * ratio).astype(np.int64), last)
@@ -462,16 +475,19 @@ def skyline_pack(
         (corner [C, 2] int64 lower-left corner of each chart's box after rotation, orientation [C] int64
         quarter turns counter-clockwise, height: one past the highest touched row plus ``padding``).
     """
-    from numpy.lib.stride_tricks import sliding_window_view
+    from numpy.lib.stride_tricks import as_strided
 
     n = len(profiles)
     inner = width - 2 * padding
-    sky = np.full(inner, padding, np.int64)
+    p = padding
+    sky_ext = np.full(inner + 2 * p, p, np.int64)  # p virtual columns each side take the dilation
+    sky = sky_ext[p : p + inner]
+    step = sky.strides[0]
     corner = np.zeros((n, 2), np.int64)
     turns = np.zeros(n, np.int64)
     area = np.array([int((t - b).clip(min=0).sum()) for b, t, _, _ in profiles])
     order = np.lexsort((np.arange(n), -area))
-    height = padding
+    height = p
     for c in order.tolist():
         b0, t0, l0, r0 = profiles[c]
         w, h = len(b0), len(l0)
@@ -485,39 +501,35 @@ def skyline_pack(
             k = len(b)
             if k > inner:
                 continue
-            win = sliding_window_view(sky, k)  # [positions, k]
+            win = as_strided(sky, (inner - k + 1, k), (step, step), writeable=False)  # [positions, k]
             stride = max(1, k // 16)
             if stride > 1:  # coarse positions first, then every position around the best of them
                 x = int((win[::stride] - b).max(1).argmin()) * stride
                 lo, hi = max(0, x - stride + 1), min(len(win), x + stride)
+                part = win[lo:hi]
             else:
-                lo, hi = 0, len(win)
-            part = win[lo:hi]
-            rest = (part - b).max(1)  # the lowest corner row where the chart clears the skyline
-            waste = (rest[:, None] + b - part).sum(1)  # empty texels left under it
+                lo, part = 0, win
+            gap = part - b
+            rest = gap.max(1)  # the lowest corner row where the chart clears the skyline
+            waste = rest * k - gap.sum(1)  # empty texels left under it
             score = rest * (k * (h + w + 2) + 1) + waste  # lowest first, then waste; argmin: leftmost
             i = int(score.argmin())
             key = (int(rest[i]) + int(t.max()), int(waste[i]))
             if best is None or key < best[0]:
-                best = (key, q, lo + i, int(rest[i]), b, t)
+                best = (key, q, lo + i, int(rest[i]), t)
         if best is None:
             raise ValueError(
                 f"a chart {w} x {h} texels is wider than the atlas ({inner} texels inside the padding)"
             )
-        _, q, x, y, b, t = best
-        k = len(b)
-        corner[c] = (x + padding, y)
+        (top, _), q, x, y, t = best
+        k = len(t)
+        corner[c] = (x + p, y)
         turns[c] = q
-        rise = np.full(k + 2 * padding, np.iinfo(np.int64).min, np.int64)
-        rise[padding : padding + k] = y + t + padding
-        if padding:
-            rise = sliding_window_view(
-                np.pad(rise, padding, constant_values=rise.min()), 2 * padding + 1
-            ).max(1)
-        x0, x1 = x - padding, x + k + padding
-        lo, hi = max(0, x0), min(inner, x1)
-        sky[lo:hi] = np.maximum(sky[lo:hi], rise[lo - x0 : hi - x0])
-        height = max(height, y + int(t.max()) + padding)
+        rise = y + t + p
+        seg = sky_ext[x : x + k + 2 * p]  # the chart's columns and p more each side
+        for shift in range(2 * p + 1):
+            np.maximum(seg[shift : shift + k], rise, out=seg[shift : shift + k])
+        height = max(height, top + p)
     return corner, turns, height
 
 
@@ -570,14 +582,16 @@ def _pack_at(
     packing: str,
     small_side: int = 12,
     tile: int = 48,
+    max_outlines: int = 384,
 ) -> tuple[torch.Tensor, int]:
     """Charts scaled by ``density`` and packed into a strip ``size`` texels wide: ([V, 2] atlas texel
     coordinates, the height used, padding included; the layout fits the atlas when it is <= size).
 
-    ``"shelf"``: each chart's bounding box on shelves (:func:`shelf_pack`); ``"skyline"``: the charts
-    with a side over ``small_side`` texels dropped as outlines (:func:`skyline_pack`, their profiles
-    from the ``fine`` slab extents, see :func:`_fine_extents`), the smaller ones shelf-packed into
-    tiles ``tile`` texels wide that are dropped as rectangles. Each chart's box corner lands on an
+    ``"shelf"``: each chart's bounding box on shelves (:func:`shelf_pack`); ``"skyline"``: the
+    ``max_outlines`` largest charts with a side over ``small_side`` texels dropped as outlines
+    (:func:`skyline_pack`, their profiles from the ``fine`` slab extents, see :func:`_fine_extents`),
+    the others shelf-packed into tiles ``tile`` texels wide (or as wide as the widest of them) that are
+    dropped as rectangles (the skyline's cost is per item). Each chart's box corner lands on an
     integer texel, so the texel lattice seen by every chart is its local one."""
     dev = uv.device
     n_charts = extent.shape[0]
@@ -589,15 +603,23 @@ def _pack_at(
         return local + torch.as_tensor(corner, device=dev, dtype=uv.dtype)[vchart], height + padding
     f_density, f_size, ymin, ymax, xmin, xmax = fine
     ratio = f_density / density
-    bottom, top = coarse_profiles(ymin, ymax, f_size[:, 0], box_np[:, 0], ratio, box_np[:, 1])
-    left, right = coarse_profiles(xmin, xmax, f_size[:, 1], box_np[:, 1], ratio, box_np[:, 0])
-    small = box_np.max(1) <= small_side
+    # outlines for the largest charts (at most max_outlines, each with a side over small_side); the
+    # rest in shelf-packed tiles
+    box_area = box_np.prod(1)
+    rank = np.lexsort((np.arange(n_charts), -box_area))
+    small = np.ones(n_charts, bool)
+    small[rank[:max_outlines]] = False
+    small |= box_np.max(1) <= small_side
     big = np.nonzero(~small)[0]
-    split_c, split_r = np.cumsum(box_np[:, 0])[:-1], np.cumsum(box_np[:, 1])[:-1]
-    cols = list(zip(np.split(bottom, split_c), np.split(top, split_c), strict=True))
-    rows = list(zip(np.split(left, split_r), np.split(right, split_r), strict=True))
-    items = [(*cols[c], *rows[c]) for c in big.tolist()]
+    bottom, top = coarse_profiles(ymin, ymax, f_size[:, 0], box_np[:, 0], ratio, box_np[:, 1], big)
+    left, right = coarse_profiles(xmin, xmax, f_size[:, 1], box_np[:, 1], ratio, box_np[:, 0], big)
+    c_end, r_end = np.cumsum(box_np[big, 0]).tolist(), np.cumsum(box_np[big, 1]).tolist()
+    items = [
+        (bottom[c0:c1], top[c0:c1], left[r0:r1], right[r0:r1])
+        for c0, c1, r0, r1 in zip([0, *c_end[:-1]], c_end, [0, *r_end[:-1]], r_end, strict=True)
+    ]
     if small.any():
+        tile = max(tile, int(box_np[small].max()))
         which, in_tile, tiles = _small_tiles(box_np[small], tile, padding)
         for w, h in tiles.tolist():
             items.append((np.zeros(w, np.int64), np.full(w, h), np.zeros(h, np.int64), np.full(h, w)))
@@ -622,6 +644,59 @@ def _fine_extents(
     size = torch.ceil(extent * density - 1e-9).long().clamp_min(1)
     ext = slab_extents(uv * density, faces, chart, size)
     return (density, size.cpu().numpy(), *(e.cpu().numpy() for e in ext))
+
+
+def _search_density(
+    uv: torch.Tensor,
+    faces: torch.Tensor,
+    chart: torch.Tensor,
+    vchart: torch.Tensor,
+    extent: torch.Tensor,
+    density: float,
+    cap: float,
+    size: int,
+    padding: int,
+    packing: str,
+) -> tuple[float, torch.Tensor, int]:
+    """(density, [V, 2] atlas texel coordinates, packs tried): the largest density found at which
+    :func:`_pack_at` fits the charts, from ``density``, at most ``cap``. Each try aims the packed height
+    at 99 % of the atlas by a power law fitted to the last two tries (height ~ density^e, e between 1,
+    tall charts, and 2, many small ones; 1.5 before the second try); it stops at a layout within 4 %
+    of the atlas height, after three tries, or at a fit next to a try that did not fit. The
+    skyline's profiles come from slab extents taken once at 1.2 times the first density, which then
+    bounds the density."""
+    fine = None
+    best = None
+    tries = 0
+    history: list[tuple[float, float]] = []
+    for attempt in range(12):
+        if packing == "skyline" and fine is None:
+            fine = _fine_extents(uv, faces, chart, extent, min(cap, 1.2 * density))
+        if fine is not None:
+            density = min(density, fine[0])
+        uv_px, height = _pack_at(uv, vchart, extent, fine, density, size, padding, packing)
+        tries += 1
+        ratio = size / height
+        history.append((math.log(density), math.log(height)))
+        if ratio >= 1.0:
+            if best is None or density > best[0]:
+                best = (density, uv_px)
+            top = fine is not None and density >= fine[0]
+            if ratio < 1.04 or density >= cap or top or attempt >= 2:
+                break
+        elif best is not None:
+            break
+        exponent = 1.5
+        if len(history) >= 2 and abs(history[-1][0] - history[-2][0]) > 1e-6:
+            exponent = (history[-1][1] - history[-2][1]) / (history[-1][0] - history[-2][0])
+            exponent = min(2.0, max(1.0, exponent))
+        density = min(cap, density * (0.99 * ratio) ** (1.0 / exponent))
+    if best is None:
+        raise ValueError(
+            f"{extent.shape[0]} charts do not fit a {size}^2 atlas with padding {padding}; "
+            "use a larger texture size or a smaller padding"
+        )
+    return best[0], best[1], tries
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -708,9 +783,11 @@ def unwrap_charts(
     directions: int = 14,
     min_cos: float = 0.5,
     smooth_iterations: int = 4,
+    merge_min_cos: float = 0.5,
     min_chart_faces: int = 64,
     merge_rounds: int = 12,
     split_rounds: int = 8,
+    few_pairs: int = 16,
     packing: str = "skyline",
     device: str | torch.device = "cpu",
 ) -> UVLayout:
@@ -732,10 +809,15 @@ def unwrap_charts(
             labelling (each widens the smoothing by about one ring of faces; 0: the faces' own normals).
             A few rings: marching-cubes noise is a few faces wide, and more would average across thin
             parts.
+        merge_min_cos: the floor of ``n . d`` for faces that small charts hand to their neighbours
+            (at most ``min_cos``): noise leaves faces far from every neighbouring direction, and a face
+            in a neighbour's chart beats a chart of its own. It bounds the area scale of every face.
         min_chart_faces: charts with fewer faces are merged into neighbours where the normals allow.
         merge_rounds: rounds of that merging (one ring of faces each).
         split_rounds: rounds of splitting charts that fold over themselves before the last resort
             (one chart per face for the charts still folded).
+        few_pairs: charts with at most this many overlapping face pairs lose the later face of each
+            pair instead of being cut in two.
         packing: ``"skyline"`` (chart outlines dropped onto a skyline in four orientations: denser)
             or ``"shelf"`` (bounding rectangles on shelves: faster).
         device: where the computation runs (packing is on the CPU).
@@ -762,6 +844,10 @@ def unwrap_charts(
         raise ValueError(
             f"min_cos = {min_cos} is out of range for {directions} directions; use a value in (0, {covering:.4f}]"
         )
+    if not 0.0 < merge_min_cos <= min_cos:
+        raise ValueError(
+            f"merge_min_cos = {merge_min_cos} is out of range; use a value in (0, min_cos = {min_cos}]"
+        )
     if padding < 0:
         raise ValueError(f"padding = {padding} is negative; use 0 or more")
     if packing not in ("skyline", "shelf"):
@@ -774,6 +860,14 @@ def unwrap_charts(
     t_decimate = time.perf_counter() - start
 
     start = time.perf_counter()
+    phase: dict[str, float] = {}
+    clock = [start]
+
+    def tick(name: str) -> None:  # seconds per step, summed over the rounds
+        now = time.perf_counter()
+        phase[name] = phase.get(name, 0.0) + now - clock[0]
+        clock[0] = now
+
     verts = torch.as_tensor(mesh.vertices, device=device).double()
     faces = torch.as_tensor(mesh.faces, device=device)
     f = faces.shape[0]
@@ -789,8 +883,10 @@ def unwrap_charts(
     smooth = _smoothed_normals(tri, nbr, iterations)
     cos = normals @ dirs.T  # [F, K]
     labels = _labels(normals, smooth, degenerate, dirs, min_cos)
+    tick("labels")
     if min_chart_faces > 1 and merge_rounds > 0:
-        labels = _merge_small(labels, nbr, cos, degenerate, min_cos, min_chart_faces, merge_rounds)
+        labels = _merge_small(labels, nbr, cos, degenerate, merge_min_cos, min_chart_faces, merge_rounds)
+    tick("merge")
     idx = nbr.clamp_min(0)
     key = labels
     alone = torch.zeros(f, dtype=torch.bool, device=device)
@@ -805,6 +901,7 @@ def unwrap_charts(
         source, new_faces, uv, vchart = _project(verts, faces, chart, axis)
         lo, hi = _chart_bounds(uv, vchart, n_charts)
         extent = hi - lo
+        tick("charts")
         cap = (inner - 1) / max(float(extent.max()), 1e-30)  # the longest chart fits across
         if density is None:
             t_uv = uv[new_faces]
@@ -814,40 +911,38 @@ def unwrap_charts(
         # the largest density at which the packer fits the charts (a few packs: the packed height
         # grows about as the density squared)
         density = min(density, cap)
-        fine = None
-        best = None
-        for attempt in range(12):
-            if packing == "skyline" and (fine is None or density > fine[0]):
-                fine = _fine_extents(uv, new_faces, chart, extent, min(cap, 1.25 * density))
-            uv_px, height = _pack_at(uv, vchart, extent, fine, density, texture_size, padding, packing)
-            packs += 1
-            ratio = texture_size / height
-            if ratio >= 1.0:
-                if best is None or density > best[0]:
-                    best = (density, uv_px)
-                if ratio < 1.015 or density >= cap or attempt >= 3:
-                    break
-            elif best is not None and attempt >= 3:
-                break
-            density = min(cap, density * math.sqrt(ratio) * (1.0 if ratio >= 1.0 else 0.995))
-        if best is None:
-            raise ValueError(
-                f"{n_charts} charts do not fit a {texture_size}^2 atlas with padding {padding}; "
-                "use a larger texture size or a smaller padding"
-            )
-        density, uv_px = best
-        # folds: texel centres inside two triangles of one chart (charts never share texels)
-        spans = row_spans(uv_px, new_faces, texture_size, texture_size)
-        fa, fb = _conflicts(*spans, texture_size)
+        # folds first, before any packing, at this density with each chart in its own box along a
+        # strip (the atlas lattice when the density holds: every box corner is an integer texel)
+        box = torch.ceil(extent * density - 1e-9).long().clamp_min(1) + 1
+        x0 = torch.cumsum(box[:, 0], 0) - box[:, 0]
+        strip = torch.stack([x0, torch.zeros_like(x0)], -1).to(uv.dtype)
+        strip_w = int(box[:, 0].sum())
+        fa, fb = _conflicts(
+            *row_spans(uv * density + strip[vchart], new_faces, strip_w, int(box[:, 1].max())), strip_w
+        )
+        tick("folds")
         if fa.numel() == 0:
-            break
+            density, uv_px, tries = _search_density(
+                uv, new_faces, chart, vchart, extent, density, cap, texture_size, padding, packing
+            )
+            packs += tries
+            tick("pack")
+            # folds at the packed density, in the atlas (charts never share texels)
+            spans = row_spans(uv_px, new_faces, texture_size, texture_size)
+            fa, fb = _conflicts(*spans, texture_size)
+            tick("folds")
+            if fa.numel() == 0:
+                break
         rounds += 1
         if rounds > split_rounds:
             alone[fb] = True  # the last resort: every later face of an overlapping pair alone
             continue
-        # a face overlapping a face of its own one-ring (a pinched or folded vertex) leaves the chart;
-        # removing every later face of the pairs leaves the rest of the chart without overlaps
+        # a face overlapping a face of its own one-ring (a pinched or folded vertex), or one of the few
+        # overlapping faces of a chart, leaves the chart: removing every later face of the pairs leaves
+        # the rest of the chart without overlaps
+        pairs = torch.bincount(chart[fa], minlength=n_charts)
         shares = (faces[fa][:, :, None] == faces[fb][:, None, :]).any(-1).any(-1)
+        shares |= pairs[chart[fa]] <= few_pairs
         detach = torch.zeros(f, dtype=torch.bool, device=device)
         detach[fb[shares]] = True
         far = torch.zeros(n_charts, dtype=torch.bool, device=device)
@@ -867,6 +962,7 @@ def unwrap_charts(
             # else in two across the chart's longer side (u), by face centroid
             side = uv[new_faces][:, :, 0].mean(1) > 0.5 * extent[:, 0][chart]
         key = chart * 4 + 2 * detach.long() + (side & far[chart]).long()
+        tick("split")
     t_unwrap = time.perf_counter() - start
 
     uv_out = (uv_px / texture_size).float().clamp(0.0, 1.0)
@@ -889,11 +985,12 @@ def unwrap_charts(
         "atlas_height": int(texture_size),
         "directions": int(directions),
         "min_cos": float(min_cos),
+        "merge_min_cos": float(merge_min_cos),
         "smooth_iterations": iterations,
         "split_rounds": rounds,
         "packs": packs,
         "faces_alone": int(alone.sum()),
-        "seconds": {"decimate": t_decimate, "unwrap": t_unwrap},
+        "seconds": {"decimate": t_decimate, "unwrap": t_unwrap, "steps": phase},
     }
     logger.info(
         "unwrap (charts): %d -> %d faces, %d charts, %.0f%% of the atlas used, %.2f s",
