@@ -131,27 +131,27 @@ def face_neighbours(faces: torch.Tensor) -> torch.Tensor:
     return out.view(f, 3)
 
 
-def connected_components(neighbours: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
+def connected_components(neighbours: torch.Tensor, same: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """[F] int64 component of each face: the smallest face index of its component.
 
-    Faces f and ``neighbours[f, k]`` are connected where ``same[f, k]`` (and the neighbour exists).
-    On the CPU SciPy's graph search; elsewhere hooking of roots onto smaller roots and pointer jumping
-    (O(log F) rounds). Both name a component by its smallest face, so the result does not depend on
-    the device."""
+    Faces f and ``neighbours[f, k]`` ([F, 3] int64, -1 = none) are connected where ``same[f, k]``
+    ([F, 3] bool). ``backend``: ``"scipy"`` (its graph search, on the CPU), ``"torch"`` (hooking of roots
+    onto smaller roots and pointer jumping, O(log F) rounds, on the inputs' device) or ``"auto"``
+    (scipy for CPU tensors). Both name a component by its smallest face: the same result."""
     f = neighbours.shape[0]
     device = neighbours.device
     ok = same & (neighbours >= 0)
     a = torch.arange(f, device=device)[:, None].expand(f, 3)[ok]
     b = neighbours[ok]
-    if device.type == "cpu":
+    if backend == "scipy" or (backend == "auto" and device.type == "cpu"):
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components as scipy_components
 
-        graph = coo_matrix((np.ones(a.numel(), np.int8), (a.numpy(), b.numpy())), shape=(f, f))
+        graph = coo_matrix((np.ones(a.numel(), np.int8), (a.cpu().numpy(), b.cpu().numpy())), shape=(f, f))
         _, label = scipy_components(graph, directed=False)
         root = np.full(f, f, np.int64)
         np.minimum.at(root, label, np.arange(f))
-        return torch.from_numpy(root[label])
+        return torch.from_numpy(root[label]).to(device)
     parent = torch.arange(f, device=device)
     while a.numel():
         ra, rb = parent[a], parent[b]
@@ -424,7 +424,7 @@ def coarse_profiles(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Integer profiles (first touched texel, one past the last) at a density ``1 / ratio`` times that
     of the fine slab extents lo/hi (:func:`slab_extents`), conservative: coarse slab j of a chart is
-    covered by fine slabs floor(j r) .. floor((j + 1) r) (r = ``ratio`` >= 1), and takes their extremes.
+    covered by fine slabs floor(j r) .. ceil((j + 1) r) - 1 (r = ``ratio`` >= 1) and takes their extremes.
 
     Args:
         lo, hi: [sum fine] float64 fine extents, chart by chart; fine: [C] fine slabs per chart.
@@ -442,10 +442,13 @@ def coarse_profiles(
     f_off = np.cumsum(fine) - fine
     last = f_off[chart] + fine[chart] - 1
     start = np.minimum(f_off[chart] + np.floor(j * ratio).astype(np.int64), last)
-    stop = np.minimum(f_off[chart] + np.floor((j + 1) * ratio).astype(np.int64), last)
+    # the last fine slab meeting coarse slab j's interior (one that starts on its far edge does not)
+    stop = np.minimum(f_off[chart] + np.ceil((j + 1) * ratio).astype(np.int64) - 1, last)
+    stop = np.maximum(stop, start)
     lo_c = np.minimum(np.minimum.reduceat(lo, start), lo[stop]) if len(start) else lo[:0]
     hi_c = np.maximum(np.maximum.reduceat(hi, start), hi[stop]) if len(start) else hi[:0]
-    # reduceat runs to the next start: the next slab's first fine slab, or the next chart's
+    # reduceat runs to the next start (the next slab's first fine slab, or the next selected chart's):
+    # a superset of the slabs, so conservative
     m = rows[chart]
     first = np.clip(np.floor(lo_c / ratio), 0, None)
     end = np.ceil(hi_c / ratio)
@@ -460,6 +463,7 @@ def skyline_pack(
     width: int,
     padding: int,
     turnable: np.ndarray | None = None,
+    orientations: int = 2,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Drop chart profiles onto a skyline, largest first, Tetris-like, in one of four orientations.
 
@@ -493,9 +497,10 @@ def skyline_pack(
         w, h = len(b0), len(l0)
         options = [(0, b0, t0)]
         if (turnable is None or turnable[c]) and max(w, h) >= 4:
-            options.append((2, h - t0[::-1], h - b0[::-1]))  # half turn
             options.append((1, l0[::-1], r0[::-1]))  # quarter turn: column j' is row h - 1 - j'
-            options.append((3, w - r0, w - l0))
+            if orientations == 4:
+                options.append((2, h - t0[::-1], h - b0[::-1]))  # half turn
+                options.append((3, w - r0, w - l0))
         best = None
         for q, b, t in options:
             k = len(b)
@@ -582,7 +587,7 @@ def _pack_at(
     packing: str,
     small_side: int = 12,
     tile: int = 48,
-    max_outlines: int = 384,
+    max_outlines: int = 256,
 ) -> tuple[torch.Tensor, int]:
     """Charts scaled by ``density`` and packed into a strip ``size`` texels wide: ([V, 2] atlas texel
     coordinates, the height used, padding included; the layout fits the atlas when it is <= size).
@@ -783,11 +788,12 @@ def unwrap_charts(
     directions: int = 14,
     min_cos: float = 0.5,
     smooth_iterations: int = 4,
-    merge_min_cos: float = 0.5,
+    merge_min_cos: float = 0.25,
     min_chart_faces: int = 64,
     merge_rounds: int = 12,
     split_rounds: int = 8,
     few_pairs: int = 16,
+    fold_check: float = 2.0,
     packing: str = "skyline",
     device: str | torch.device = "cpu",
 ) -> UVLayout:
@@ -818,6 +824,9 @@ def unwrap_charts(
             (one chart per face for the charts still folded).
         few_pairs: charts with at most this many overlapping face pairs lose the later face of each
             pair instead of being cut in two.
+        fold_check: folds are looked for first on a lattice this many times finer than the packing's
+            first density, before packing (then in the atlas: each round that finds folds there packs
+            again).
         packing: ``"skyline"`` (chart outlines dropped onto a skyline in four orientations: denser)
             or ``"shelf"`` (bounding rectangles on shelves: faster).
         device: where the computation runs (packing is on the CPU).
@@ -893,6 +902,7 @@ def unwrap_charts(
     inner = texture_size - 2 * padding
     rounds = packs = 0
     density = None
+    dirty = torch.ones(f, dtype=torch.bool, device=device)
     while True:
         comp = connected_components(nbr, (key[idx] == key[:, None]) & ~alone[:, None] & ~alone[idx])
         roots, chart = _unique_inverse(comp)  # charts numbered by their first face
@@ -911,15 +921,18 @@ def unwrap_charts(
         # the largest density at which the packer fits the charts (a few packs: the packed height
         # grows about as the density squared)
         density = min(density, cap)
-        # folds first, before any packing, at this density with each chart in its own box along a
-        # strip (the atlas lattice when the density holds: every box corner is an integer texel)
-        box = torch.ceil(extent * density - 1e-9).long().clamp_min(1) + 1
+        # folds first, before any packing, on a lattice `fold_check` times finer than this density's,
+        # each chart in its own box along a strip: it finds the overlaps wider than about a texel / 2,
+        # and the atlas check below the rest at the packed density
+        fine_d = density * fold_check
+        box = torch.ceil(extent * fine_d - 1e-9).long().clamp_min(1) + 1
         x0 = torch.cumsum(box[:, 0], 0) - box[:, 0]
         strip = torch.stack([x0, torch.zeros_like(x0)], -1).to(uv.dtype)
         strip_w = int(box[:, 0].sum())
-        fa, fb = _conflicts(
-            *row_spans(uv * density + strip[vchart], new_faces, strip_w, int(box[:, 1].max())), strip_w
-        )
+        todo = dirty.nonzero(as_tuple=True)[0]  # the faces of charts made since the last check
+        spans = row_spans(uv * fine_d + strip[vchart], new_faces[todo], strip_w, int(box[:, 1].max()))
+        fa, fb = _conflicts(*spans, strip_w)
+        fa, fb = todo[fa], todo[fb]
         tick("folds")
         if fa.numel() == 0:
             density, uv_px, tries = _search_density(
@@ -934,6 +947,10 @@ def unwrap_charts(
             if fa.numel() == 0:
                 break
         rounds += 1
+        folded = torch.zeros(n_charts, dtype=torch.bool, device=device)
+        folded[chart[fa]] = True
+        folded[chart[fb]] = True
+        dirty = folded[chart]
         if rounds > split_rounds:
             alone[fb] = True  # the last resort: every later face of an overlapping pair alone
             continue
