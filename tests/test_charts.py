@@ -40,7 +40,7 @@ def noisy_sphere(subdivisions: int = 4, noise: float = 0.03, seed: int = 0) -> M
     return Mesh(m.vertices * scale, m.faces)
 
 
-def noisy_blob(faces: int, noise: float = 0.004, seed: int = 0) -> Mesh:
+def noisy_blob(faces: int, noise: float = 0.002, seed: int = 0) -> Mesh:
     """About ``faces`` faces of a lumpy closed surface (a sphere with low-frequency bumps) with per-vertex
     noise of ``noise`` (relative): the synthetic noisy capture of the benchmark."""
     sub = max(1, int(round(math.log(max(faces, 80) / 20) / math.log(4))))

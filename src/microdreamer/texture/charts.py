@@ -215,30 +215,48 @@ def _merge_small(
     min_faces: int,
     rounds: int,
 ) -> torch.Tensor:
-    """Faces of charts smaller than ``min_faces`` take the label of their largest neighbouring chart
-    (a larger one than their own) where their own normal is within ``min_cos`` of its direction;
-    one ring of faces per round."""
+    """Charts smaller than ``min_faces`` join their largest larger neighbouring chart: as a whole where
+    every face's normal is within ``min_cos`` of that chart's direction (degenerate faces always are),
+    else face by face where the face's is (one ring of faces per round)."""
     f = labels.shape[0]
     device = labels.device
     has = nbr >= 0
     idx = nbr.clamp_min(0)
+    ok = (cos >= min_cos) | degenerate[:, None]  # [F, K] face f may take direction k
     for _ in range(rounds):
         comp = connected_components(nbr, labels[idx] == labels[:, None])
         size = torch.bincount(comp, minlength=f)
         own = size[comp]
-        if not bool((own < min_faces).any()):
+        small = own < min_faces
+        if not bool(small.any()):
             break
         nl = labels[idx]  # [F, 3] neighbour labels
         nsize = size[comp[idx]]
-        feasible = (cos.gather(1, nl) >= min_cos) | degenerate[:, None]
-        cand = has & (nl != labels[:, None]) & feasible & (nsize > own[:, None]) & (own[:, None] < min_faces)
+        across = has & (nl != labels[:, None]) & (nsize > own[:, None]) & small[:, None]
+        # whole charts: the directions every face of the chart may take ([F, K] per chart root)
+        all_ok = torch.ones(ok.shape, dtype=torch.int8, device=device).scatter_reduce_(
+            0, comp[:, None].expand_as(ok), ok.to(torch.int8), reduce="amin"
+        ).bool()
+        whole = across & all_ok[comp].gather(1, nl)
+        w_score = torch.where(whole, nsize, torch.zeros_like(nsize)).amax(1)  # [F]
+        w_best = torch.zeros(f, dtype=torch.int64, device=device).scatter_reduce_(0, comp, w_score, reduce="amax")
+        # the label of that best neighbour, per chart (the smallest label among equal sizes)
+        pick = whole & (nsize == w_best[comp][:, None]) & (w_best[comp][:, None] > 0)
+        big = torch.iinfo(torch.int64).max
+        lab_pick = torch.where(pick, nl, torch.full_like(nl, big)).amin(1)
+        chart_lab = torch.full((f,), big, dtype=torch.int64, device=device).scatter_reduce_(
+            0, comp, lab_pick, reduce="amin"
+        )
+        moved = chart_lab[comp] < big
+        # the rest face by face
+        cand = across & ok.gather(1, nl) & ~moved[:, None]
         score = torch.where(cand, nsize, torch.zeros_like(nsize))
         best = score.argmax(1)
-        move = score.gather(1, best[:, None])[:, 0] > 0
-        if not bool(move.any()):
+        step = score.gather(1, best[:, None])[:, 0] > 0
+        if not bool(moved.any() or step.any()):
             break
-        labels = torch.where(move, nl.gather(1, best[:, None])[:, 0], labels)
-    return labels.to(device)
+        labels = torch.where(moved, chart_lab[comp], torch.where(step, nl.gather(1, best[:, None])[:, 0], labels))
+    return labels
 
 
 def _chart_frames(
@@ -790,7 +808,7 @@ def unwrap_charts(
     smooth_iterations: int = 4,
     merge_min_cos: float = 0.25,
     min_chart_faces: int = 64,
-    merge_rounds: int = 12,
+    merge_rounds: int = 4,
     split_rounds: int = 8,
     few_pairs: int = 16,
     fold_check: float = 2.0,
@@ -819,7 +837,7 @@ def unwrap_charts(
             (at most ``min_cos``): noise leaves faces far from every neighbouring direction, and a face
             in a neighbour's chart beats a chart of its own. It bounds the area scale of every face.
         min_chart_faces: charts with fewer faces are merged into neighbours where the normals allow.
-        merge_rounds: rounds of that merging (one ring of faces each).
+        merge_rounds: rounds of that merging (whole charts, or one ring of faces each).
         split_rounds: rounds of splitting charts that fold over themselves before the last resort
             (one chart per face for the charts still folded).
         few_pairs: charts with at most this many overlapping face pairs lose the later face of each
