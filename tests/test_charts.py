@@ -460,6 +460,19 @@ def test_field_bake_round_trip_with_charts_matches_xatlas():
     assert psnr["charts"] >= psnr["xatlas"] - 1.0, psnr
 
 
+def test_unwrap_charts_with_the_torch_primitives_matches_numpy(monkeypatch):
+    # the integer sorts, uniques and graph search that CUDA tensors take, run here on the CPU
+    import microdreamer.texture.charts as charts
+
+    mesh = ramp()
+    a = unwrap_charts(mesh, texture_size=128)
+    monkeypatch.setattr(charts, "_on_host", lambda x: False)
+    b = unwrap_charts(mesh, texture_size=128)
+    assert a.stats["charts"] == b.stats["charts"] and a.stats["split_rounds"] == b.stats["split_rounds"]
+    np.testing.assert_array_equal(a.source_vertex, b.source_vertex)
+    np.testing.assert_array_equal(a.uv, b.uv)
+
+
 @pytest.mark.cuda
 def test_unwrap_charts_on_cuda_matches_the_cpu():
     mesh = noisy_sphere(4, seed=3)

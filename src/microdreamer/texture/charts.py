@@ -1,39 +1,46 @@
-"""UV unwrapping by normal clustering: charts for noisy captured surfaces, in vectorised PyTorch.
+"""UV unwrapping by normal clustering: charts for noisy captured surfaces, vectorised in PyTorch.
 
 xatlas grows charts by flatness, so the voxel-scale noise of a marching-cubes surface shatters them
-into thousands, and it runs single-threaded for tens of seconds. :func:`unwrap_charts` instead:
+and its chart growing and bitmap packing take tens of seconds for 50k faces. :func:`unwrap_charts`:
 
-1. smooths the face normals over the surface (repeated averaging over the three edge neighbours,
-   gathers only, so it is deterministic on every device) to a radius of ``smooth_radius`` of the
-   bounding-box diagonal, so that noise does not decide the charts;
+1. smooths the face normals (``smooth_iterations`` rounds of bilateral averaging over the three edge
+   neighbours: neighbours facing away do not count, so the two sides of a thin part stay apart);
 2. labels each face with the nearest of K fixed directions (:data:`DIRECTION_SETS`: the 6 axes, plus
    the 8 cube corners, plus the 12 cube edges) by its smoothed normal, unless its own normal is more
-   than ``arccos(min_cos)`` from that direction: then the nearest direction by its own normal. Every
-   unit vector is within ``arccos(covering cosine)`` of some direction of the set (54.7 degrees for
-   6, 36.2 for 14, 27.6 for 26), so every face gets a direction d with ``n . d >= min_cos``;
-3. merges small charts into their neighbours (a face moves to the label of its largest
-   neighbouring chart when its own normal allows it, ``min_chart_faces``, for ``merge_rounds``);
+   than ``arccos(min_cos)`` from that direction: then the nearest by its own normal (every unit
+   vector is within 54.7 degrees of one of 6, 36.2 of 14, 27.6 of 26, so one always qualifies);
+3. merges charts smaller than ``min_chart_faces`` into their largest neighbouring chart, whole or
+   face by face, where the faces' normals are within ``arccos(merge_min_cos)`` of its direction
+   (noise leaves faces far from every neighbouring direction, and a face in a neighbour's chart
+   beats a chart of its own);
 4. takes the connected components (shared edges) of same-label faces as charts and projects each
-   orthographically onto the plane of its area-weighted mean normal (or, where that leaves some
-   face beyond ``min_cos``, onto its direction's plane), rotated to its principal axes;
-5. scales every chart by one texel density and packs the chart rectangles into the square atlas
-   (shelf packing, tallest first, the largest density that fits by bisection), with ``padding`` empty
-   texels between charts and around the atlas border;
-6. rasterises the UV triangles at ``texture_size`` and splits every chart in which two of its own
-   faces cover one texel centre (a surface that folds over itself along d) in two across its longer
-   side, then packs again, until no texel is covered twice (after ``split_rounds`` the charts still
-   folded become one chart per face).
+   orthographically onto the plane of its area-weighted mean normal (or of its label's direction,
+   whichever leaves the worst face nearer), rotated to its principal axes;
+5. finds charts that fold over themselves along their direction (two of their faces over one texel
+   centre) on a lattice ``fold_check`` times finer than the packing's, and cuts them: between the
+   heights of the overlapping faces, in halves after ``split_rounds / 2`` rounds, or, where only a
+   few faces overlap (or overlap their own one-ring), by moving the later face of each pair out;
+6. scales every chart by one texel density and packs them into the square atlas (``"skyline"``: the
+   outlines of the largest charts dropped Tetris-like onto a skyline in two orientations, the small
+   ones shelf-packed into tiles; or ``"shelf"``: bounding boxes on shelves), ``padding`` empty texels
+   between charts and around the border, the density found in a few packs;
+7. rasterises the UV triangles at ``texture_size`` (a scanline raster, :func:`row_spans`) and repeats
+   5-7 while a chart covers a texel centre twice; after ``split_rounds`` rounds the later face of every
+   overlapping pair becomes a chart of its own, which always ends it.
 
-Guarantees (tested): faces in the input's order and winding; every UV in [0, 1]; every UV triangle
-wound as its face (counter-clockwise seen along d: ``n . d > 0``); the per-face area scale
-``uv_area / (density^2 3d_area) = n . d`` lies in ``[min_cos, 1]`` (area distortion at most
-``1 / min_cos``, 2 by default; lengths shrink by at most that factor in one direction and never
-stretch); charts' texel rectangles at least ``padding`` texels apart; no texel centre inside two
-UV triangles.
+Guarantees (tested by brute force): faces in the input's order and winding; UVs in [0, 1]; every UV
+triangle wound as its face (counter-clockwise); the per-face area scale ``uv_area / (density^2
+area_3d) = n . d`` in ``[merge_min_cos, 1]`` (faces labelled in step 2 keep ``n . d >= min_cos``;
+lengths never stretch and shrink by at most ``1 / merge_min_cos`` = 4, by default, across the
+slope); no texel centre inside two UV triangles; the texels the charts touch at least ``padding``
+apart and from the border (to the UVs' float32 rounding). Deterministic on the CPU: the same input
+gives the same layout (integer steps name charts by their first face; the normal smoothing is
+gathers only). On CUDA the per-chart sums (``index_add_``) use atomics, so UVs may differ from the
+CPU's, and from run to run, in the last bits.
 
-Orthographic projection keeps lengths within the plane and shortens them across the slope, so the
-texel density on a face falls with ``n . d``; the packing is by rectangles, so the atlas use is
-lower than xatlas's bitmap packing (see ``benchmarks/bench_unwrap.py`` for both against xatlas).
+Integer sorts and graph searches run in NumPy / SciPy on the CPU (their sorts are about 5x faster
+than torch's there) and in torch elsewhere, with the same results; the packing loop is NumPy on the
+CPU. ``benchmarks/bench_unwrap.py`` measures it against xatlas.
 """
 
 from __future__ import annotations
@@ -82,9 +89,14 @@ DIRECTION_SETS = _direction_sets()
 # both give the same integers
 
 
+def _on_host(x: torch.Tensor) -> bool:
+    """Whether the integer primitives of ``x`` run in NumPy / SciPy (CPU tensors) rather than torch."""
+    return x.device.type == "cpu"
+
+
 def _stable_sort(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted values, stable argsort) of a 1-D integer tensor."""
-    if x.device.type == "cpu":
+    if _on_host(x):
         order = np.argsort(x.numpy(), kind="stable")
         return torch.from_numpy(x.numpy()[order]), torch.from_numpy(order)
     return torch.sort(x, stable=True)
@@ -92,7 +104,7 @@ def _stable_sort(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _unique_inverse(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted unique values, inverse indices) of a 1-D integer tensor."""
-    if x.device.type == "cpu":
+    if _on_host(x):
         values, inverse = np.unique(x.numpy(), return_inverse=True)
         return torch.from_numpy(values), torch.from_numpy(inverse.reshape(-1))
     return torch.unique(x, return_inverse=True)
@@ -143,7 +155,7 @@ def connected_components(neighbours: torch.Tensor, same: torch.Tensor, backend: 
     ok = same & (neighbours >= 0)
     a = torch.arange(f, device=device)[:, None].expand(f, 3)[ok]
     b = neighbours[ok]
-    if backend == "scipy" or (backend == "auto" and device.type == "cpu"):
+    if backend == "scipy" or (backend == "auto" and _on_host(neighbours)):
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components as scipy_components
 
@@ -234,12 +246,16 @@ def _merge_small(
         nsize = size[comp[idx]]
         across = has & (nl != labels[:, None]) & (nsize > own[:, None]) & small[:, None]
         # whole charts: the directions every face of the chart may take ([F, K] per chart root)
-        all_ok = torch.ones(ok.shape, dtype=torch.int8, device=device).scatter_reduce_(
-            0, comp[:, None].expand_as(ok), ok.to(torch.int8), reduce="amin"
-        ).bool()
+        all_ok = (
+            torch.ones(ok.shape, dtype=torch.int8, device=device)
+            .scatter_reduce_(0, comp[:, None].expand_as(ok), ok.to(torch.int8), reduce="amin")
+            .bool()
+        )
         whole = across & all_ok[comp].gather(1, nl)
         w_score = torch.where(whole, nsize, torch.zeros_like(nsize)).amax(1)  # [F]
-        w_best = torch.zeros(f, dtype=torch.int64, device=device).scatter_reduce_(0, comp, w_score, reduce="amax")
+        w_best = torch.zeros(f, dtype=torch.int64, device=device).scatter_reduce_(
+            0, comp, w_score, reduce="amax"
+        )
         # the label of that best neighbour, per chart (the smallest label among equal sizes)
         pick = whole & (nsize == w_best[comp][:, None]) & (w_best[comp][:, None] > 0)
         big = torch.iinfo(torch.int64).max
@@ -255,7 +271,9 @@ def _merge_small(
         step = score.gather(1, best[:, None])[:, 0] > 0
         if not bool(moved.any() or step.any()):
             break
-        labels = torch.where(moved, chart_lab[comp], torch.where(step, nl.gather(1, best[:, None])[:, 0], labels))
+        labels = torch.where(
+            moved, chart_lab[comp], torch.where(step, nl.gather(1, best[:, None])[:, 0], labels)
+        )
     return labels
 
 
