@@ -19,15 +19,16 @@ For each case and unwrap, with the same face cap (``--faces``, decimation timed 
 * ``charts_nocap``: unwrap_charts of the full mesh (is the decimation still needed?);
 * ``uvunwrap``: uvunwrap's ``generate`` (``packing="fast"``), when it is installed.
 
-Speed: wall and CPU seconds of the unwrap (xatlas is multi-threaded; on this machine torch uses
-its default threads). Fidelity: each layout baked with ``mode="field"`` at ``--texture-size``^2
-(texel samples, colour field, fill), the textured mesh rendered at 8 views around the object
+Speed: wall and CPU seconds of the unwrap (xatlas uses its own threads; torch ``--threads``, 1 by
+default on a CPU run: on a shared 2-core machine more threads only contend). Fidelity: each layout
+baked with ``mode="field"`` at ``--texture-size``^2 (texel samples, colour field, fill), the textured mesh rendered at 8 views around the object
 (elevations 0 and +-30 degrees, :func:`centred_orbit_cameras` framing) with
 :func:`microdreamer.render.mesh.render_mesh` and compared, on object pixels (splat alpha > 0.5),
 with (a) the splat's own render (torch backend; ``psnr_vs_splat``; ``psnr_vs_splat_on_mesh`` on the
 pixels the mesh covers too, as the meshes of captured splats miss parts) and (b) the colour field
 evaluated at each pixel's surface point (``psnr_vs_field``: the texture's own loss, from resolution,
-seams and fill, insensitive to the mesh's shape error). ``--bake-cases`` also bake with ``mode="bake"`` (splat renders of ``--bake-view-size``).
+seams and fill, insensitive to the mesh's shape error). ``--bake-cases`` also bake with
+``mode="bake"`` (splat renders of ``--bake-view-size``).
 Contact sheets (xatlas | charts | splat, 4 views) go to benchmarks/results/unwrap_sheet_<case>.png;
 the JSON (command, hardware) to ``--out`` (default benchmarks/results/unwrap_<device>.json).
 """
@@ -350,9 +351,14 @@ def main() -> None:
     parser.add_argument("--bake-view-size", type=int, default=256)
     parser.add_argument("--all-fidelity", action="store_true", help="also bake charts_shelf")
     parser.add_argument("--no-fidelity", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: 1 on a CPU run)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = torch.device(args.device)
+    threads = args.threads or (1 if device.type == "cpu" else torch.get_num_threads())
+    torch.set_num_threads(threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in args.cases:

@@ -501,15 +501,16 @@ def skyline_pack(
     turnable: np.ndarray | None = None,
     orientations: int = 2,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Drop chart profiles onto a skyline, largest first, Tetris-like, in one of four orientations.
+    """Drop chart profiles onto a skyline, largest first, Tetris-like, in one of two (or four) orientations.
 
     Each chart c comes as (bottom [W_c], top [W_c], left [H_c], right [H_c]) int arrays
-    (:func:`chart_profiles`). It is placed at the column and orientation where it comes to rest lowest
+    (:func:`coarse_profiles`). It is placed at the column and orientation where it comes to rest lowest
     (its top lowest; ties: the least empty area under it, then the leftmost); the skyline then rises to
     its top profile plus ``padding``, widened by ``padding`` columns each side, so that every two charts
     keep at least ``padding`` empty texels between their touched texels (Chebyshev). The strip is
     ``width`` columns wide, with ``padding`` empty columns at each side and rows at the bottom; its
-    height grows as needed. ``turnable`` [C] bool: the items that may turn (default: all).
+    height grows as needed. ``turnable`` [C] bool: the items that may turn (default: all); ``orientations``:
+    2 (as given, a quarter turn) or 4 (also the half and three-quarter turns).
 
     Returns:
         (corner [C, 2] int64 lower-left corner of each chart's box after rotation, orientation [C] int64
@@ -802,9 +803,7 @@ def _conflicts(
     against the run reaching farthest right among those starting before it on its row."""
     if row.numel() < 2:
         return face[:0], face[:0]
-    order = torch.as_tensor(
-        np.argsort((row * (width + 1) + x0).cpu().numpy(), kind="stable"), device=row.device
-    )
+    _, order = _stable_sort(row * (width + 1) + x0)
     r, a, b, f = row[order], x0[order], x1[order], face[order]
     reach, arg = torch.cummax(b + r * (2 * width + 2), 0)  # rows offset apart: a running max per row
     prev_reach = reach[:-1] - r[1:] * (2 * width + 2)
@@ -840,13 +839,13 @@ def unwrap_charts(
         max_faces: face cap applied first (quadric decimation); None = no cap.
         texture_size: the atlas is texture_size^2 texels; the packing, padding and overlap check are
             exact at this size.
-        padding: empty texels between the rectangles of any two charts and between a chart and the
-            atlas border.
+        padding: empty texels (Chebyshev) between the texels any two charts touch, and between a
+            chart and the atlas border.
         directions: the chart directions, 6, 14 or 26 (:data:`DIRECTION_SETS`); more gives less
             distortion and more charts.
-        min_cos: every face's normal is within arccos(min_cos) of its chart's projection direction
-            (the per-face area scale lies in [min_cos, 1]); at most the set's covering cosine (0.577
-            for 6 directions, 0.806 for 14, 0.886 for 26).
+        min_cos: a face takes the direction of its smoothed normal only if its own normal is within
+            arccos(min_cos) of it; at most the set's covering cosine (0.577 for 6 directions, 0.806
+            for 14, 0.886 for 26).
         smooth_iterations: rounds of bilateral normal smoothing over the edge neighbours before
             labelling (each widens the smoothing by about one ring of faces; 0: the faces' own normals).
             A few rings: marching-cubes noise is a few faces wide, and more would average across thin
@@ -856,24 +855,25 @@ def unwrap_charts(
             in a neighbour's chart beats a chart of its own. It bounds the area scale of every face.
         min_chart_faces: charts with fewer faces are merged into neighbours where the normals allow.
         merge_rounds: rounds of that merging (whole charts, or one ring of faces each).
-        split_rounds: rounds of splitting charts that fold over themselves before the last resort
-            (one chart per face for the charts still folded).
+        split_rounds: rounds of cutting charts that fold over themselves before the last resort
+            (the later face of each overlapping pair becomes a chart of its own).
         few_pairs: charts with at most this many overlapping face pairs lose the later face of each
             pair instead of being cut in two.
         fold_check: folds are looked for first on a lattice this many times finer than the packing's
             first density, before packing (then in the atlas: each round that finds folds there packs
             again).
-        packing: ``"skyline"`` (chart outlines dropped onto a skyline in four orientations: denser)
-            or ``"shelf"`` (bounding rectangles on shelves: faster).
-        device: where the computation runs (packing is on the CPU).
+        packing: ``"skyline"`` (chart outlines dropped onto a skyline in two orientations: denser)
+            or ``"shelf"`` (bounding rectangles on shelves: fewer steps, less of the atlas used).
+        device: where the computation runs (the packing loop runs on the CPU either way).
 
     Returns:
         :class:`UVLayout`; stats ``faces_in``, ``faces``, ``vertices``, ``charts``, ``utilization``
         (UV triangle area / atlas area), ``texels_covered`` (fraction of texel centres inside a
         triangle), ``texel_density`` (texels per world unit at ``texture_size``), ``atlas_width`` =
-        ``atlas_height`` = ``texture_size``, ``directions``, ``min_cos``, ``smooth_iterations``,
-        ``split_rounds`` (rounds used), ``faces_alone`` (faces left as charts of their own), and
-        ``seconds`` {``decimate``, ``unwrap``}.
+        ``atlas_height`` = ``texture_size``, ``directions``, ``min_cos``, ``merge_min_cos``,
+        ``smooth_iterations``, ``split_rounds`` (rounds that found folds), ``packs`` (packings tried),
+        ``faces_alone`` (faces left as charts of their own), and ``seconds`` {``decimate``,
+        ``unwrap``, ``steps``: seconds per step summed over the rounds}.
 
     Raises:
         ValueError: an empty mesh, or settings out of range.
