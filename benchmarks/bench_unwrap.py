@@ -29,7 +29,8 @@ pixels the mesh covers too, as the meshes of captured splats miss parts) and (b)
 evaluated at each pixel's surface point (``psnr_vs_field``: the texture's own loss, from resolution,
 seams and fill, insensitive to the mesh's shape error). ``--bake-cases`` also bake with
 ``mode="bake"`` (splat renders of ``--bake-view-size``).
-Contact sheets (xatlas | charts | splat, 4 views) go to benchmarks/results/unwrap_sheet_<case>.png;
+``charts_vs_xatlas_field``: the two field-baked renders against each other (seams and resolution
+show there). Contact sheets (xatlas | charts | splat | their difference x8, 4 views) go to benchmarks/results/unwrap_sheet_<case>.png;
 the JSON (command, hardware) to ``--out`` (default benchmarks/results/unwrap_<device>.json).
 """
 
@@ -321,14 +322,20 @@ def fidelity(name, mesh, splat, unwraps, args, device) -> dict:
             print(f"  {key:20s} PSNR vs splat {rec['psnr_vs_splat']:.2f} dB (on the mesh {rec['psnr_vs_splat_on_mesh']:.2f})"
                   + (f", vs field {rec['psnr_vs_field']:.2f} dB" if "psnr_vs_field" in rec else ""), flush=True)  # fmt: skip
     if "charts_field" in images and "xatlas_field" in images:
+        # seams: the two textured renders against each other where both cover the object (the same
+        # mesh shape, so only the textures differ), and their difference x8 in the sheet
+        a, b = images["charts_field"], images["xatlas_field"]
+        out["charts_vs_xatlas_field"] = {"psnr": psnr(torch.from_numpy(a), torch.from_numpy(b), mask.cpu())}
         picks = [0, 1, 4, 6]
         rows = [
-            [images["xatlas_field"][i], images["charts_field"][i], ref.rgb[i].cpu().numpy()] for i in picks
-        ]
+            [images["xatlas_field"][i], images["charts_field"][i], ref.rgb[i].cpu().numpy(),
+             1.0 - 8.0 * np.abs(a[i] - b[i]).max(-1, keepdims=True).repeat(3, -1)]
+            for i in picks
+        ]  # fmt: skip
         contact_sheet(
             RESULTS / f"unwrap_sheet_{name}.png",
             rows,
-            ["xatlas (field bake)", "charts (field bake)", "splat"],
+            ["xatlas (field bake)", "charts (field bake)", "splat", "|charts - xatlas| x 8 (dark)"],
         )
     return out
 

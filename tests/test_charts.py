@@ -83,6 +83,20 @@ def ramp(turns: float = 1.6, radial: int = 6, around: int = 96, pitch: float = 0
     return Mesh(v, faces)
 
 
+def specks(n: int = 120, seed: int = 0) -> Mesh:
+    """A unit square (two faces) and ``n`` disconnected triangles a few thousandths across, seeded, some
+    of them slivers: at a small atlas most of them are too small to cover a texel centre unmoved."""
+    rng = np.random.default_rng(seed)
+    v = [np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]], np.float64)]
+    f = [np.array([[0, 1, 2], [0, 2, 3]])]
+    for i in range(n):
+        centre = rng.random(3) * [1.0, 1.0, 0.2] + [0.0, 0.0, 0.3]
+        tri = centre + rng.normal(0.0, 0.004, (3, 3)) * rng.choice([1.0, 0.1], 3)[None, :]
+        v.append(tri)
+        f.append(np.array([[4 + 3 * i, 5 + 3 * i, 6 + 3 * i]]))
+    return Mesh(np.concatenate(v), np.concatenate(f))
+
+
 MESHES = {
     "one_face": one_face,
     "two_faces": two_faces,
@@ -249,6 +263,24 @@ def test_unwrap_charts_keeps_a_noisy_sphere_in_few_charts():
     assert layout.stats["utilization"] > 0.35
     cube_layout = unwrap_charts(cube(), texture_size=64)
     assert cube_layout.stats["charts"] == 6  # one per side
+
+
+@pytest.mark.parametrize("packing", ["skyline", "shelf"])
+def test_unwrap_charts_gives_every_tiny_chart_a_texel(packing):
+    # specks under a texel each: every chart still covers a texel centre of its own (else the bake
+    # would colour it from the gutter fill, i.e. from a neighbouring chart)
+    mesh = specks()
+    size = 128
+    layout = unwrap_charts(mesh, texture_size=size, packing=packing, min_chart_faces=1)
+    check_layout(mesh, layout, size, 2)
+    chart = chart_of_faces(layout.mesh)
+    _, face = centre_hits(texel_corners(layout.uv, size), layout.mesh.faces, size, margin=1e-3)
+    covered = np.zeros(chart.max() + 1, bool)
+    covered[chart[face]] = True
+    assert covered.all(), f"{(~covered).sum()} of {covered.size} charts cover no texel centre"
+    # and most specks are tiny at this density: the test exercises the shift
+    area_px = layout.stats["texel_density"] ** 2 * 0.004**2
+    assert area_px < 1.0
 
 
 def test_unwrap_charts_is_deterministic():

@@ -23,7 +23,10 @@ and its chart growing and bitmap packing take tens of seconds for 50k faces. :fu
 6. scales every chart by one texel density and packs them into the square atlas (``"skyline"``: the
    outlines of the largest charts dropped Tetris-like onto a skyline in two orientations, the small
    ones shelf-packed into tiles; or ``"shelf"``: bounding boxes on shelves), ``padding`` empty texels
-   between charts and around the border, the density found in a few packs;
+   between charts and around the border, the density found in a few packs; a box-packed chart of
+   under 8 texels moves by less than a texel in its box so that a texel centre lies at the incentre
+   of its largest face (a chart that covered no texel centre would take its colour from the gutter
+   fill, i.e. from a neighbouring chart);
 7. rasterises the UV triangles at ``texture_size`` (a scanline raster, :func:`row_spans`) and repeats
    5-7 while a chart covers a texel centre twice; after ``split_rounds`` rounds the later face of every
    overlapping pair becomes a chart of its own, which always ends it.
@@ -32,7 +35,8 @@ Guarantees (tested by brute force): faces in the input's order and winding; UVs 
 triangle wound as its face (counter-clockwise); the per-face area scale ``uv_area / (density^2
 area_3d) = n . d`` in ``[merge_min_cos, 1]`` (faces labelled in step 2 keep ``n . d >= min_cos``;
 lengths never stretch and shrink by at most ``1 / merge_min_cos`` = 4, by default, across the
-slope); no texel centre inside two UV triangles; the texels the charts touch at least ``padding``
+slope); no texel centre inside two UV triangles; every box-packed chart of under 8 texels covers a texel
+centre; the texels the charts touch at least ``padding``
 apart and from the border (to the UVs' float32 rounding). Deterministic on the CPU: the same input
 gives the same layout (integer steps name charts by their first face; the normal smoothing is
 gathers only). On CUDA the per-chart sums (``index_add_``) use atomics, so UVs may differ from the
@@ -622,9 +626,11 @@ def _pack_at(
     size: int,
     padding: int,
     packing: str,
+    anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
     small_side: int = 12,
     tile: int = 48,
     max_outlines: int = 256,
+    min_texels: float = 8.0,
 ) -> tuple[torch.Tensor, int]:
     """Charts scaled by ``density`` and packed into a strip ``size`` texels wide: ([V, 2] atlas texel
     coordinates, the height used, padding included; the layout fits the atlas when it is <= size).
@@ -634,24 +640,37 @@ def _pack_at(
     (:func:`skyline_pack`, their profiles from the ``fine`` slab extents, see :func:`_fine_extents`),
     the others shelf-packed into tiles ``tile`` texels wide (or as wide as the widest of them) that are
     dropped as rectangles (the skyline's cost is per item). Each chart's box corner lands on an
-    integer texel, so the texel lattice seen by every chart is its local one."""
+    integer texel, so the texel lattice seen by every chart is its local one.
+
+    ``anchors`` ([C, 2] a point of each chart in its local uv, [C] its uv area): the box-packed charts
+    (all with ``"shelf"``, the tiled ones with ``"skyline"``) of under ``min_texels`` texels of area
+    move by less than a texel in their boxes (one texel larger) so that their anchor lies on a texel
+    centre: then they cover a texel of their own, which a chart too small to cover one would not."""
     dev = uv.device
     n_charts = extent.shape[0]
     box = torch.ceil(extent * density - 1e-9).long().clamp_min(1)  # [C, 2] texels
     box_np = box.cpu().numpy()
+    small = np.ones(n_charts, bool)
+    if packing == "skyline":
+        # outlines for the largest charts (at most max_outlines, each with a side over small_side);
+        # the rest in shelf-packed tiles
+        rank = np.lexsort((np.arange(n_charts), -box_np.prod(1)))
+        small[rank[:max_outlines]] = False
+        small |= box_np.max(1) <= small_side
+    shift = torch.zeros_like(extent)
+    if anchors is not None:
+        anchor, area = anchors
+        tiny = (area * density**2 < min_texels) & torch.as_tensor(small, device=dev)
+        shift = torch.where(tiny[:, None], torch.remainder(0.5 - anchor * density, 1.0), shift)
+        box = torch.ceil(extent * density + shift - 1e-9).long().clamp_min(1)
+        box_np = box.cpu().numpy()
+    uv_px = uv * density + shift[vchart]
     if packing == "shelf":
         corner, height = shelf_pack(box_np[:, 0] + padding, box_np[:, 1] + padding, size - padding)
-        local = uv * density + padding
+        local = uv_px + padding
         return local + torch.as_tensor(corner, device=dev, dtype=uv.dtype)[vchart], height + padding
     f_density, f_size, ymin, ymax, xmin, xmax = fine
     ratio = f_density / density
-    # outlines for the largest charts (at most max_outlines, each with a side over small_side); the
-    # rest in shelf-packed tiles
-    box_area = box_np.prod(1)
-    rank = np.lexsort((np.arange(n_charts), -box_area))
-    small = np.ones(n_charts, bool)
-    small[rank[:max_outlines]] = False
-    small |= box_np.max(1) <= small_side
     big = np.nonzero(~small)[0]
     bottom, top = coarse_profiles(ymin, ymax, f_size[:, 0], box_np[:, 0], ratio, box_np[:, 1], big)
     left, right = coarse_profiles(xmin, xmax, f_size[:, 1], box_np[:, 1], ratio, box_np[:, 0], big)
@@ -674,8 +693,29 @@ def _pack_at(
     if small.any():
         corner[small] = corner_items[len(big) + which] + in_tile
     turns_v = torch.as_tensor(turns, device=dev)[vchart]
-    local = _turn(uv * density, turns_v, box[vchart])
+    local = _turn(uv_px, turns_v, box[vchart])
     return local + torch.as_tensor(corner, device=dev, dtype=uv.dtype)[vchart], height
+
+
+def _chart_anchors(
+    uv: torch.Tensor, faces: torch.Tensor, chart: torch.Tensor, n_charts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([C, 2] the incentre of each chart's largest face in local uv (the first of equal ones), [C] the
+    chart's uv area): the point deepest inside that face, for :func:`_pack_at`."""
+    t = uv[faces]  # [F, 3, 2]
+    e0, e1 = t[:, 1] - t[:, 0], t[:, 2] - t[:, 0]
+    area = 0.5 * (e0[:, 0] * e1[:, 1] - e0[:, 1] * e1[:, 0]).abs()
+    total = torch.zeros(n_charts, device=uv.device, dtype=uv.dtype).index_add_(0, chart, area)
+    most = torch.zeros(n_charts, device=uv.device, dtype=uv.dtype).scatter_reduce_(
+        0, chart, area, reduce="amax"
+    )
+    f = faces.shape[0]
+    index = torch.where(area == most[chart], torch.arange(f, device=uv.device), f)
+    first = torch.full((n_charts,), f, device=uv.device).scatter_reduce_(0, chart, index, reduce="amin")
+    tri = t[first]  # [C, 3, 2]
+    side = (tri.roll(-1, 1) - tri.roll(-2, 1)).norm(dim=-1)  # side k: opposite vertex k
+    anchor = (side[..., None] * tri).sum(1) / side.sum(1, keepdim=True).clamp_min(1e-300)
+    return anchor, total
 
 
 def _fine_extents(
@@ -699,6 +739,7 @@ def _search_density(
     size: int,
     padding: int,
     packing: str,
+    anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[float, torch.Tensor, int]:
     """(density, [V, 2] atlas texel coordinates, packs tried): the largest density found at which
     :func:`_pack_at` fits the charts, from ``density``, at most ``cap``. Each try aims the packed height
@@ -716,7 +757,7 @@ def _search_density(
             fine = _fine_extents(uv, faces, chart, extent, min(cap, 1.2 * density))
         if fine is not None:
             density = min(density, fine[0])
-        uv_px, height = _pack_at(uv, vchart, extent, fine, density, size, padding, packing)
+        uv_px, height = _pack_at(uv, vchart, extent, fine, density, size, padding, packing, anchors)
         tries += 1
         ratio = size / height
         history.append((math.log(density), math.log(height)))
@@ -971,8 +1012,9 @@ def unwrap_charts(
         fa, fb = todo[fa], todo[fb]
         tick("folds")
         if fa.numel() == 0:
+            anchors = _chart_anchors(uv, new_faces, chart, n_charts)
             density, uv_px, tries = _search_density(
-                uv, new_faces, chart, vchart, extent, density, cap, texture_size, padding, packing
+                uv, new_faces, chart, vchart, extent, density, cap, texture_size, padding, packing, anchors
             )
             packs += tries
             tick("pack")
