@@ -2,7 +2,8 @@
 
 :func:`texture_mesh` runs the stage with a :class:`TextureConfig`:
 
-1. face cap (quadric decimation to ``max_faces``) and UV unwrap with xatlas (:func:`unwrap`);
+1. face cap (quadric decimation to ``max_faces``) and UV unwrap, by ``unwrap``: charts of clustered
+   normals (:func:`unwrap_charts`, the default) or xatlas (:func:`unwrap`);
 2. the covered texels of the ``size`` x ``size`` atlas as surface points (:func:`texel_samples`);
 3. their colours, by ``mode``:
 
@@ -16,7 +17,7 @@
    (:func:`fill_texture`), so there is no empty texel;
 5. optional stage-2 refinement against targets (:func:`refine_texture`, ``refine.steps > 0``).
 
-xatlas is imported only when unwrapping.
+xatlas is imported only when unwrapping with it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from microdreamer.texture.bake import (
     mesh_render_fn,
     splat_render_fn,
 )
+from microdreamer.texture.charts import unwrap_charts
 from microdreamer.texture.field_bake import bake_field, colour_field, colour_field_reference
 from microdreamer.texture.refine import TargetsFn, refine_texture, splat_targets
 from microdreamer.texture.unwrap import UVLayout, unwrap
@@ -68,6 +70,7 @@ __all__ = [
     "texel_samples",
     "texture_mesh",
     "unwrap",
+    "unwrap_charts",
 ]
 
 
@@ -129,15 +132,22 @@ def texture_mesh(
     say = stage or (lambda message: None)
 
     cap = config.max_faces
+    how = ("charts of clustered normals" if config.unwrap == "charts"
+           else "xatlas, one CPU thread: ~10 s at 50k faces")  # fmt: skip
     if cap is not None and mesh.num_faces > cap:
-        say(f"texture: decimating {mesh.num_faces:,} -> {cap:,} faces (texture.max_faces), then the UV unwrap "
-            "(xatlas, one CPU thread: ~10 s at 50k faces)")  # fmt: skip
+        say(
+            f"texture: decimating {mesh.num_faces:,} -> {cap:,} faces (texture.max_faces), then the UV unwrap ({how})"
+        )
     else:
-        say(f"texture: UV unwrap of {mesh.num_faces:,} faces (xatlas, one CPU thread: ~10 s at 50k faces)")
-    layout = unwrap(mesh, config.max_faces, config.size, config.padding, config.chart_iterations)
+        say(f"texture: UV unwrap of {mesh.num_faces:,} faces ({how})")
+    if config.unwrap == "charts":
+        layout = unwrap_charts(mesh, config.max_faces, config.size, config.padding)
+        seconds["unwrap"] = layout.stats["seconds"]["unwrap"]
+    else:
+        layout = unwrap(mesh, config.max_faces, config.size, config.padding, config.chart_iterations)
+        seconds["unwrap"] = layout.stats["seconds"]["xatlas"]
     seconds["decimate"] = layout.stats["seconds"]["decimate"]
-    seconds["unwrap"] = layout.stats["seconds"]["xatlas"]
-    stats = {"mode": config.mode, "size": config.size}
+    stats = {"mode": config.mode, "unwrap": config.unwrap, "size": config.size}
     stats.update({k: v for k, v in layout.stats.items() if k != "seconds"})
 
     say(f"texture: {stats_line(layout.stats)}; sampling the {config.size}^2 atlas's texels")
