@@ -466,11 +466,12 @@ def test_field_bake_round_trip_with_charts_matches_xatlas():
     pytest.importorskip("xatlas", reason="the comparison needs xatlas (pip install xatlas)")
     from microdreamer.mesh.types import sample_texture_numpy
     from microdreamer.render.mesh import render_mesh
+    from microdreamer.synthetic import position_color, position_colored_sphere, surface_splat
     from microdreamer.texture.bake import framing
-    from test_texture import colored_sphere, heldout_cameras, masked_psnr, position_color, surface_splat
+    from test_texture import heldout_cameras, masked_psnr
 
     splat = surface_splat()
-    gt = colored_sphere(3)
+    gt = position_colored_sphere(3)
     mesh = Mesh(gt.vertices, gt.faces)
     center, radius = framing(torch.from_numpy(mesh.vertices))
     held = heldout_cameras(center, radius, 96, n=6)

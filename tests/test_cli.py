@@ -755,9 +755,8 @@ def test_issue20_generate_bad_image_leaves_no_folder(tmp_path, capsys):
     Image.new("RGB", (1, 1), (200, 10, 10)).save(tmp_path / "dot.png")  # 9. a 1x1 RGB image
     _fails_cleanly(tmp_path, capsys, ["generate", tmp_path / "dot.png", "-o", tmp_path / "out", "--random-weights",
                                       "tiny"], "1x1 pixels", "GrabCut needs at least 16x16")  # fmt: skip
-    _fails_cleanly(
-        tmp_path, capsys, ["generate", tmp_path, "-o", tmp_path / "out"], "is a folder, not a image"
-    )
+    (tmp_path / "empty").mkdir()  # a folder is a batch of the images in it; none there is bad input
+    _fails_cleanly(tmp_path, capsys, ["generate", tmp_path / "empty", "-o", tmp_path / "out"], "no image")
     _fails_cleanly(
         tmp_path, capsys, ["generate", tmp_path / "dot.png", "-o", tmp_path / "dot.png"], "not a folder"
     )
@@ -840,7 +839,9 @@ def test_issue20_directory_given_as_input(tmp_path, capsys):
         tmp_path, capsys, ["render-views", tmp_path / "d.obj", "-o", tmp_path / "v"], "is a folder"
     )
     _fails_cleanly(tmp_path, capsys, ["render", tmp_path / "d.obj", "-o", tmp_path / "t.png"], "is a folder")
-    _fails_cleanly(tmp_path, capsys, ["mesh", tmp_path / "d.obj", "-o", tmp_path / "m.glb"], "is a directory")
+    # a folder given to mesh is a batch of the splats in it, which writes into a folder
+    _fails_cleanly(tmp_path, capsys, ["mesh", tmp_path / "d.obj", "-o", tmp_path / "m.glb"],
+                   "a batch writes one mesh per splat")  # fmt: skip
 
 
 def test_issue20_nan_mesh_vertex(tmp_path, capsys):

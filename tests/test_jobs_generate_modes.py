@@ -70,7 +70,8 @@ def test_mvdream_family_end_to_end(tmp_path, mode):
     timings = json.loads((out / "timings.json").read_text())
     assert timings["mode"] == mode and timings["prompt"] == "a red disc"
     assert timings["prior_stats"]["unet_calls"] > 0 and res["num_gaussians"] > 0
-    assert sorted(p.name for p in out.iterdir()) == ["mesh.glb", "splat.ply", "timings.json", "views.png"]
+    files = ["mesh.glb", "splat.ply", "timings.json", "views.png"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(files + (["input_rgba.png"] if image else []))
 
 
 def test_text_to_3d_from_the_command_line(tmp_path, capsys):

@@ -687,7 +687,10 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     read_s = time.perf_counter() - t
     logging.getLogger(__name__).info("read %s in %.3f s", args.splat, read_s)
     timer = StageTimer()
-    update, close = _progress_bar("density field", lines=False)  # seconds; the stages follow it
+    from microdreamer import progress
+
+    update = progress.reporter("density field")  # a bar on a terminal, coarse lines in a log
+    close = update.close
     try:
         with made_parents(out.parent):
             result = export_mesh(splat, out, cfg, device, timer=timer, progress=update, name=str(args.splat),
