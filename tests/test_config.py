@@ -14,7 +14,7 @@ def test_defaults_are_documented_values():
     assert cfg.field == FieldConfig(
         resolution=128, mode="exact", num_blocks=16, relax_ratio=1.5, min_opacity=0.005
     )
-    assert cfg.mesh.threshold == 1.0
+    assert cfg.mesh.threshold == "auto" and cfg.field.filter_variance == 0.25
 
 
 def test_preset_loads_into_dataclasses(tmp_path):

@@ -251,7 +251,7 @@ class MeshConfig(Config):
             0.6x to 0.8x with one (benchmarks/results/marching_cpu*.json), so the CPU keeps scikit-image.
     """
 
-    threshold: float | str = setting("auto", "density iso-level, or auto (from the splat's alpha)")
+    threshold: float | str = setting(1.0, "density iso-level, or auto (from the splat's alpha)")
     close_boundary: bool = True
     min_component_fraction: float = 0.02
     merge_tolerance: float = 1e-6
@@ -947,7 +947,7 @@ class ExportConfig(Config):
     the ``mesh`` command's job and every other job's mesh export."""
 
     field: FieldConfig = dataclasses.field(default_factory=FieldConfig)
-    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=lambda: MeshConfig(threshold="auto"))
     texture: TextureConfig = dataclasses.field(default_factory=TextureConfig)
     up: str = setting("+y", "the splat's up axis: the splat is turned so that it points up (+y) before "
                       "meshing, and the mesh is written in that frame", choices=UP_AXES)  # fmt: skip

@@ -140,14 +140,21 @@ def texture_mesh(
         )
     else:
         say(f"texture: UV unwrap of {mesh.num_faces:,} faces ({how})")
+    unwrap_used = config.unwrap
     if config.unwrap == "charts":
-        layout = unwrap_charts(mesh, config.max_faces, config.size, config.padding)
-        seconds["unwrap"] = layout.stats["seconds"]["unwrap"]
-    else:
+        try:
+            layout = unwrap_charts(mesh, config.max_faces, config.size, config.padding)
+            seconds["unwrap"] = layout.stats["seconds"]["unwrap"]
+        except ValueError as e:  # charts that cannot each get a texel of a tiny atlas: xatlas shrinks them
+            if "do not fit" not in str(e):
+                raise
+            logger.warning("texture: %s; unwrapping with xatlas instead", e)
+            unwrap_used = "xatlas"
+    if unwrap_used == "xatlas":
         layout = unwrap(mesh, config.max_faces, config.size, config.padding, config.chart_iterations)
         seconds["unwrap"] = layout.stats["seconds"]["xatlas"]
     seconds["decimate"] = layout.stats["seconds"]["decimate"]
-    stats = {"mode": config.mode, "unwrap": config.unwrap, "size": config.size}
+    stats = {"mode": config.mode, "unwrap": unwrap_used, "size": config.size}
     stats.update({k: v for k, v in layout.stats.items() if k != "seconds"})
 
     say(f"texture: {stats_line(layout.stats)}; sampling the {config.size}^2 atlas's texels")

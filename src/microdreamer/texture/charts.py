@@ -677,10 +677,10 @@ def _pack_at(
     c_end, r_end = np.cumsum(box_np[big, 0]).tolist(), np.cumsum(box_np[big, 1]).tolist()
     items = [
         (bottom[c0:c1], top[c0:c1], left[r0:r1], right[r0:r1])
-        for c0, c1, r0, r1 in zip([0, *c_end[:-1]], c_end, [0, *r_end[:-1]], r_end, strict=True)
+        for c0, c1, r0, r1 in zip([0, *c_end][:-1], c_end, [0, *r_end][:-1], r_end, strict=True)
     ]
     if small.any():
-        tile = max(tile, int(box_np[small].max()))
+        tile = max(min(tile, size - 2 * padding), int(box_np[small].max()))  # a tile fits across the atlas
         which, in_tile, tiles = _small_tiles(box_np[small], tile, padding)
         for w, h in tiles.tolist():
             items.append((np.zeros(w, np.int64), np.full(w, h), np.zeros(h, np.int64), np.full(h, w)))
@@ -757,7 +757,10 @@ def _search_density(
             fine = _fine_extents(uv, faces, chart, extent, min(cap, 1.2 * density))
         if fine is not None:
             density = min(density, fine[0])
-        uv_px, height = _pack_at(uv, vchart, extent, fine, density, size, padding, packing, anchors)
+        try:
+            uv_px, height = _pack_at(uv, vchart, extent, fine, density, size, padding, packing, anchors)
+        except ValueError:  # an item wider than the atlas at this density: smaller, as for a tall layout
+            uv_px, height = None, 2 * size
         tries += 1
         ratio = size / height
         history.append((math.log(density), math.log(height)))
