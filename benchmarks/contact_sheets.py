@@ -42,7 +42,7 @@ def cli(src: Path, *args: str) -> None:
 def dataset_strip(folder: Path, count: int = 8) -> list[np.ndarray]:
     """The first ``count`` views of a render-views dataset, composited on white, uint8 RGB."""
     frames = []
-    for path in sorted(folder.glob("*.png"))[:count]:
+    for path in sorted((folder / "images").glob("*.png"))[:count]:
         rgba = np.asarray(Image.open(path).convert("RGBA")).astype(np.float32) / 255
         rgb = rgba[..., :3] * rgba[..., 3:] + (1 - rgba[..., 3:])
         frames.append((rgb * 255 + 0.5).astype(np.uint8))

@@ -575,3 +575,22 @@ def test_mesh_checks_its_arrays():
     mesh = Mesh([[0, 0, 0], [1, 2, 3], [-1, 0, 5]], [[0, 1, 2]])
     np.testing.assert_array_equal(mesh.bounds(), [[-1, 0, 0], [1, 2, 5]])
     assert mesh.num_vertices == 3 and mesh.num_faces == 1
+
+
+def test_obj_with_uvs_and_no_material_has_no_colour(tmp_path):
+    """An OBJ with texture coordinates but no ``mtllib`` carries no colour (trimesh gives it a placeholder
+    image, which must not count as a texture), so it renders shaded; with an MTL naming an image it is
+    textured."""
+    from PIL import Image
+
+    from microdreamer.mesh.load import load_textured_mesh
+
+    body = "v 0 0 0\nv 1 0 0\nv 0 1 0\nvt 0 0\nvt 1 0\nvt 0 1\nf 1/1 2/2 3/3\n"
+    (tmp_path / "bare.obj").write_text(body)
+    bare = load_textured_mesh(tmp_path / "bare.obj")
+    assert bare.texture is None and bare.vertex_colors is None
+    Image.new("RGB", (4, 4), (200, 30, 30)).save(tmp_path / "red.png")
+    (tmp_path / "m.mtl").write_text("newmtl red\nKd 1 1 1\nmap_Kd red.png\n")
+    (tmp_path / "with.obj").write_text("mtllib m.mtl\nusemtl red\n" + body)
+    textured = load_textured_mesh(tmp_path / "with.obj")
+    assert textured.texture is not None and tuple(textured.texture[0, 0]) == (200, 30, 30)

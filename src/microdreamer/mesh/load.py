@@ -150,6 +150,8 @@ def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | Non
         faces = np.arange(len(vertices)).reshape(-1, 3)
         return Mesh(vertices, faces, vertex_colors=colors)
     uv, tex, colors = _visual_of(mesh)
+    if tex is not None and path.suffix.lower() == ".obj" and not _obj_names_a_material(path):
+        tex = None  # trimesh's placeholder image for an OBJ with UVs and no MTL: the mesh has no colour
     if tex_image is not None:
         if uv is None:
             raise InputError(
@@ -170,6 +172,15 @@ def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | Non
     if tex is None:
         return Mesh(vertices, faces, colors)
     return Mesh(vertices, faces, colors, uv, to_uint8(tex))
+
+
+def _obj_names_a_material(path: Path) -> bool:
+    """Whether an OBJ file has an ``mtllib`` statement (a material library, which may hold its texture)."""
+    with open(path, "rb") as f:
+        for line in f:
+            if line.lstrip().startswith(b"mtllib"):
+                return True
+    return False
 
 
 def _concatenate(geometries, path: Path):
