@@ -68,9 +68,8 @@ CASES = (*SPLATS, "blob")
 
 def surface_splat_of(mesh, n: int, seed: int = 0):
     """Flat Gaussians at n area-weighted surface samples of ``mesh``, tangent to it, coloured by
-    :func:`test_texture.position_color`, sized to the mean sample spacing."""
-    from microdreamer.splat import Splat
-    from test_texture import position_color
+    :func:`microdreamer.synthetic.position_color`, sized to the mean sample spacing."""
+    from microdreamer.synthetic import tangent_splat
 
     rng = np.random.default_rng(seed)
     tri = mesh.vertices.astype(np.float64)[mesh.faces]
@@ -81,19 +80,7 @@ def surface_splat_of(mesh, n: int, seed: int = 0):
     bary = np.stack([1 - r1, r1 * (1 - r2), r1 * r2], 1)
     means = (bary[:, :, None] * tri[face]).sum(1)
     normal = cross[face] / np.linalg.norm(cross[face], axis=1, keepdims=True)
-    z = np.array([0.0, 0.0, 1.0])
-    w = 1.0 + normal @ z
-    quats = np.concatenate([w[:, None], np.cross(z, normal)], 1)
-    quats[w < 1e-6] = [0.0, 1.0, 0.0, 0.0]
-    spacing = math.sqrt(area.sum() / n)
-    scales = np.tile([spacing, spacing, 0.1 * spacing], (n, 1))
-    return Splat.from_activated(
-        torch.tensor(means, dtype=torch.float32),
-        torch.tensor(scales, dtype=torch.float32),
-        torch.tensor(quats, dtype=torch.float32),
-        torch.full((n,), 0.9),
-        torch.tensor(position_color(means), dtype=torch.float32),
-    )
+    return tangent_splat(means, normal, math.sqrt(area.sum() / n), 0.1)
 
 
 def load_case(name: str, cache: Path, device: torch.device):

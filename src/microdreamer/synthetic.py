@@ -169,14 +169,19 @@ def surface_splat(n: int = 3000, radius: float = 0.5, scale: float = 0.025, seed
     phi = np.arccos(1 - 2 * i / n)
     theta = math.pi * (1 + 5**0.5) * i
     normal = np.stack([np.cos(theta) * np.sin(phi), np.cos(phi), np.sin(theta) * np.sin(phi)], -1)
-    means = radius * normal
+    return tangent_splat(radius * normal, normal, scale, 0.2)
+
+
+def tangent_splat(means: np.ndarray, normals: np.ndarray, scale: float, flatness: float) -> Splat:
+    """Flat Gaussians at ``means`` ([N, 3]) tangent to the unit ``normals``: scales (scale, scale,
+    flatness * scale) with the short axis along the normal, opacity 0.9, coloured by :func:`position_color`."""
+    n = len(means)
     # rotation taking z to the normal: quaternion of the shortest arc
     z = np.array([0.0, 0.0, 1.0])
-    axis = np.cross(z, normal)
-    w = 1.0 + normal @ z
-    quats = np.concatenate([w[:, None], axis], 1)
+    w = 1.0 + normals @ z
+    quats = np.concatenate([w[:, None], np.cross(z, normals)], 1)
     quats[w < 1e-6] = [0.0, 1.0, 0.0, 0.0]
-    scales = np.tile([scale, scale, scale * 0.2], (n, 1))
+    scales = np.tile([scale, scale, flatness * scale], (n, 1))
     return Splat.from_activated(
         torch.tensor(means, dtype=torch.float32),
         torch.tensor(scales, dtype=torch.float32),

@@ -433,13 +433,20 @@ def run_item(job: BatchJob, item: BatchItem) -> ItemResult:
 Report = Callable[[ItemResult, int, int], None]  # (result, done so far, total)
 
 
-def _split_done(job: BatchJob, items: Sequence[BatchItem], overwrite: bool) -> tuple[list, dict]:
+def _split_done(
+    job: BatchJob, items: Sequence[BatchItem], overwrite: bool, report: Report | None
+) -> tuple[list, dict]:
+    """([(index, item)] to run, {index: skipped result} of the inputs whose outputs exist), each skipped
+    one reported."""
     todo, done = [], {}
     for i, item in enumerate(items):
         if not overwrite and job.is_done(item.output):
             done[i] = _skipped(item)
         else:
             todo.append((i, item))
+    for r in done.values():
+        if report:
+            report(r, len(done), len(items))
     return todo, done
 
 
@@ -450,11 +457,8 @@ def run_local(
     """Run ``items`` one after the other in this process after one :meth:`~BatchJob.setup` (skipped when
     every output exists). ``report(result, done, total)`` is called after each input."""
     start = time.perf_counter()
-    todo, results = _split_done(job, items, overwrite)
+    todo, results = _split_done(job, items, overwrite, report)
     n = len(items)
-    for r in results.values():
-        if report:
-            report(r, len(results), n)
     setup = [job.setup()] if todo else []
     for i, item in todo:
         results[i] = run_item(job, item)
@@ -526,11 +530,8 @@ def run_ray(
     from ray.util import ActorPool
 
     start = time.perf_counter()
-    todo, results = _split_done(job, items, overwrite)
+    todo, results = _split_done(job, items, overwrite, report)
     n = len(items)
-    for r in results.values():
-        if report:
-            report(r, len(results), n)
     if not todo:
         return BatchReport(
             job.kind, [results[i] for i in range(n)], [], time.perf_counter() - start, 0, "ray"

@@ -40,7 +40,7 @@ from microdreamer.texture.bake import (
     mesh_render_fn,
     splat_render_fn,
 )
-from microdreamer.texture.charts import unwrap_charts
+from microdreamer.texture.charts import AtlasTooSmall, unwrap_charts
 from microdreamer.texture.field_bake import bake_field, colour_field, colour_field_reference
 from microdreamer.texture.refine import TargetsFn, refine_texture, splat_targets
 from microdreamer.texture.unwrap import UVLayout, unwrap
@@ -145,9 +145,7 @@ def texture_mesh(
         try:
             layout = unwrap_charts(mesh, config.max_faces, config.size, config.padding)
             seconds["unwrap"] = layout.stats["seconds"]["unwrap"]
-        except ValueError as e:  # charts that cannot each get a texel of a tiny atlas: xatlas shrinks them
-            if "do not fit" not in str(e):
-                raise
+        except AtlasTooSmall as e:  # charts that cannot each get a texel of a tiny atlas: xatlas shrinks them
             logger.warning("texture: %s; unwrapping with xatlas instead", e)
             unwrap_used = "xatlas"
     if unwrap_used == "xatlas":

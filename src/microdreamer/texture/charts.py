@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from microdreamer.mesh import Mesh, decimate
+from microdreamer.mesh.cleanup_torch import min_labels
 from microdreamer.texture.unwrap import UVLayout
 
 logger = logging.getLogger(__name__)
@@ -168,21 +169,7 @@ def connected_components(neighbours: torch.Tensor, same: torch.Tensor, backend: 
         root = np.full(f, f, np.int64)
         np.minimum.at(root, label, np.arange(f))
         return torch.from_numpy(root[label]).to(device)
-    parent = torch.arange(f, device=device)
-    while a.numel():
-        ra, rb = parent[a], parent[b]
-        lo, hi = torch.minimum(ra, rb), torch.maximum(ra, rb)
-        live = lo != hi
-        if not bool(live.any()):
-            break
-        a, b, lo, hi = a[live], b[live], lo[live], hi[live]
-        parent.scatter_reduce_(0, hi, lo, reduce="amin")
-        while True:  # pointer jumping to the roots
-            up = parent[parent]
-            if torch.equal(up, parent):
-                break
-            parent = up
-    return parent
+    return min_labels(f, a, b)
 
 
 def _smoothed_normals(
@@ -728,6 +715,10 @@ def _fine_extents(
     return (density, size.cpu().numpy(), *(e.cpu().numpy() for e in ext))
 
 
+class AtlasTooSmall(ValueError):
+    """The charts do not fit the atlas at any density tried (each needs a texel and its padding)."""
+
+
 def _search_density(
     uv: torch.Tensor,
     faces: torch.Tensor,
@@ -778,7 +769,7 @@ def _search_density(
             exponent = min(2.0, max(1.0, exponent))
         density = min(cap, density * (0.99 * ratio) ** (1.0 / exponent))
     if best is None:
-        raise ValueError(
+        raise AtlasTooSmall(
             f"{extent.shape[0]} charts do not fit a {size}^2 atlas with padding {padding}; "
             "use a larger texture size or a smaller padding"
         )
