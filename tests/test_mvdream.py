@@ -412,6 +412,25 @@ def test_refine_needs_a_prompt_and_imagedream_a_reference():
     assert idp.prompt == ""
 
 
+def test_imagedream_warms_up_before_its_reference_is_set_and_keeps_none(folders):
+    """generate warms the prior up before SIR sets the input image: ImageDream's warm-up calls run on a
+    placeholder image and leave no reference behind (a refine still needs the real one)."""
+    cfg = ImageDreamConfig(model=str(folders["imagedream"]), image_size=SIZE, ddim=DDIM10)
+    prior = ImageDreamPrior.from_pretrained(cfg)
+    prior.set_prompt("a ghost")
+    calls = []
+    unet_call = prior.unet.call
+    prior.unet.call = lambda *a: calls.append(a[0].shape) or unet_call(*a)
+    prior.run_warmup_calls(4)
+    assert calls == [(10, 4, SIZE // 8, SIZE // 8), (5, 4, SIZE // 8, SIZE // 8)]  # 2 x (4 + 1), 4 + 1 views
+    assert prior.reference is None and prior.image_tokens is None and prior.image_latent is None
+    with pytest.raises(RuntimeError, match="set_reference"):
+        prior.refine(None, _views(4), 1.0)
+    prior.set_reference(_reference())
+    prior.run_warmup_calls(4)  # with a reference set, it is used and kept
+    assert prior.image_tokens is not None
+
+
 def test_text_embeddings_are_computed_once_per_prompt(mv_prior, monkeypatch):
     emb = mv_prior.text_embeddings
     assert emb.shape == (2, 77, 32)

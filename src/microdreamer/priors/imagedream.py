@@ -94,6 +94,20 @@ class ImageDreamPrior(MVDreamPrior):
         self.image_tokens = unet.encode_image_prompt(torch.cat([feats, torch.zeros_like(feats)]))
         self.image_latent = self.codec.encode(rgb)
 
+    @torch.no_grad()
+    def run_warmup_calls(self, views: int) -> None:
+        """:meth:`MVDreamPrior.run_warmup_calls`; before :meth:`set_reference` (``generate`` warms up
+        before SIR sets the input), on a grey placeholder image of the same shapes, which is dropped
+        after: the image encoder runs too, and the run's own reference replaces nothing captured."""
+        if self.image_tokens is not None:
+            return super().run_warmup_calls(views)
+        s = self.image_size
+        self.set_reference(Reference(torch.full((3, s, s), 0.5), torch.ones(1, s, s)))
+        try:
+            super().run_warmup_calls(views)
+        finally:
+            self.reference = self.image_tokens = self.image_latent = None
+
     def _contexts(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.image_tokens is None:
             raise RuntimeError("ImageDreamPrior.set_reference must be called before refine")

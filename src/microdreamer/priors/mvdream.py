@@ -914,10 +914,19 @@ class MVDreamPrior(Prior):
     def warmup(self, views: int) -> None:
         """Run every network once at the shapes of a ``views``-view refinement and capture the UNet's
         CUDA graphs (both branches, and the unconditional one alone), so the first iteration is not
-        slower than the others. Needs :meth:`set_prompt` (and, for ImageDream, :meth:`set_reference`)
-        first. No-op on the CPU."""
+        slower than the others. Needs :meth:`set_prompt` first (ImageDream warms up on a placeholder
+        reference when none is set). No-op on the CPU."""
         if self.device.type != "cuda":
             return
+        self.run_warmup_calls(views)
+        torch.cuda.synchronize(self.device)
+        self.unet.calls = self.unet.samples = 0
+        self.codec.nonfinite.zero_()
+
+    @torch.no_grad()
+    def run_warmup_calls(self, views: int) -> None:
+        """The calls of :meth:`warmup`, on any device: both UNet branches, the unconditional one, the
+        VAE encoder and decoder, at the shapes of a ``views``-view refinement."""
         s = self.image_size
         g = OrbitViews(torch.zeros(views), torch.linspace(0, 360, views + 1)[:-1], 2.5)
         camera = self.camera(g)
@@ -925,9 +934,6 @@ class MVDreamPrior(Prior):
         self._eps_guided(camera)(x, 501)
         self._eps_unconditional(camera)(x, 501)
         self.decode(self.encode(torch.rand(views, 3, s, s, device=self.device)))
-        torch.cuda.synchronize(self.device)
-        self.unet.calls = self.unet.samples = 0
-        self.codec.nonfinite.zero_()
 
     def stats(self) -> dict:
         """UNet calls and samples since the warm-up, captured graphs, and non-finite decoded values
