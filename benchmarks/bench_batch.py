@@ -96,6 +96,15 @@ def saved_model(root: Path, size: str, device: str) -> Path:
     return folder
 
 
+def save_partial(path: str, result: dict) -> None:
+    """Write the JSON as it stands (after each phase; the last write has every number)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import save_result
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_result(path, result)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--random-weights", choices=["tiny", "full"], default="full")
@@ -144,6 +153,7 @@ def main() -> None:
         "asset_stages": [i["details"].get("stages") for i in summary["items"] if i["status"] == "ok"],
     }
     print(f"batch: {wall:.1f} s wall, exit {rc}", flush=True)
+    save_partial(args.json, result)  # a time limit later still leaves the batch's numbers
 
     # 2. single-image calls, each a fresh process
     singles = []
@@ -160,6 +170,8 @@ def main() -> None:
                         "seconds_after_load_and_warmup": timings.get("seconds_after_load_and_warmup"),
                         "generate_wall_seconds": timings.get("wall")})  # fmt: skip
         print(f"single {k}: {w:.1f} s wall, exit {code}", flush=True)
+        result["singles"] = singles
+        save_partial(args.json, result)
     result["singles"] = singles
 
     # 3. start-up parts
@@ -177,11 +189,7 @@ def main() -> None:
         "batch_wall_seconds": wall <= TARGETS["batch_wall_seconds"] and summary["failed"] == 0,
         "single_warm_wall_seconds": bool(warm) and min(warm) <= TARGETS["single_warm_wall_seconds"],
     }
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import save_result
-
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    save_result(args.json, result)
+    save_partial(args.json, result)
 
     print(f"\nmicrodreamer generate as a batch: {result['model']}")
     print(f"{'what':<58} {'seconds':>9} {'target':>8}")
