@@ -814,7 +814,7 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
                   "the output is noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip
         from microdreamer.jobs.batch import GenerateJob
 
-        job = GenerateJob(cfg, random_weights=args.random_weights, device=args.device)
+        job = GenerateJob(cfg, model=args.model, random_weights=args.random_weights, device=args.device)
         return _run_batch(args, job, sources, cfg)
     args.image = sources[0] if sources else None
     from microdreamer.jobs import resolve_device
