@@ -304,6 +304,31 @@ def test_sample_texture_matches_grid_sample(seed):
     torch.testing.assert_close(sample_texture(tex, uv + torch.tensor([1.0, -2.0])), got, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("seed,shape", [(0, (7, 9)), (1, (1, 5)), (2, (16, 16))])
+def test_bilinear_taps_reproduce_sample_texture_and_its_gradient(seed, shape):
+    """Precomputed taps (refine_texture's fixed geometry) give sample_texture's values and texture
+    gradient on random coordinates, wrapping included (uv far outside [0, 1], texel centres, edges)."""
+    from microdreamer.render.mesh import bilinear_taps, sample_taps
+
+    g = torch.Generator().manual_seed(seed)
+    h, w = shape
+    tex = torch.rand(h, w, 3, generator=g, dtype=torch.float64)
+    uv = torch.cat([torch.rand(200, 2, generator=g, dtype=torch.float64) * 6 - 3,
+                    torch.tensor([[0.5 / w, 1 - 0.5 / h], [0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)])  # fmt: skip
+    index, weight = bilinear_taps(uv, h, w)
+    assert index.shape == weight.shape == (203, 4) and index.dtype == torch.int64
+    assert int(index.min()) >= 0 and int(index.max()) < h * w
+    torch.testing.assert_close(weight.sum(-1), torch.ones(203, dtype=torch.float64), rtol=0, atol=1e-12)
+    a = tex.clone().requires_grad_(True)
+    b = tex.clone().requires_grad_(True)
+    want, got = sample_texture(a, uv), sample_taps(b, index, weight)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)  # float64: only the summation order differs
+    probe = torch.rand(203, 3, generator=g, dtype=torch.float64)
+    (want * probe).sum().backward()
+    (got * probe).sum().backward()
+    torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-12)
+
+
 def _quad_mesh(**extra):
     from microdreamer.mesh import Mesh
 

@@ -468,6 +468,38 @@ def sample_texture(texture: torch.Tensor, uv: torch.Tensor) -> torch.Tensor:
     return top * (1 - fy) + bottom * fy
 
 
+def bilinear_taps(uv: torch.Tensor, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The four texels and weights of :func:`sample_texture`'s bilinear lookup, for lookups repeated at
+    fixed coordinates (a texture optimised on fixed geometry): ``sample_taps(texture, *taps)`` equals
+    ``sample_texture(texture, uv)`` (same weights; the four terms summed in another order).
+
+    Args:
+        uv: [..., 2] float texture coordinates (:func:`sample_texture`'s convention, repeat wrapping).
+        height, width: the texture's Ht, Wt.
+
+    Returns:
+        ``(index, weight)``: [..., 4] int64 flat (row-major) texel indices and [..., 4] float weights
+        summing to 1, in the order (y0, x0), (y0, x1), (y1, x0), (y1, x1).
+    """
+    x = uv[..., 0] * width - 0.5
+    y = (1.0 - uv[..., 1]) * height - 0.5
+    x0f, y0f = torch.floor(x), torch.floor(y)
+    fx, fy = x - x0f, y - y0f
+    x0, y0 = x0f.long() % width, y0f.long() % height
+    x1, y1 = (x0 + 1) % width, (y0 + 1) % height
+    index = torch.stack([y0 * width + x0, y0 * width + x1, y1 * width + x0, y1 * width + x1], dim=-1)
+    weight = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], dim=-1)
+    return index, weight
+
+
+def sample_taps(texture: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[..., D] bilinear lookups of texture [Ht, Wt, D] at :func:`bilinear_taps` ``(index, weight)``:
+    one gather of every tap (differentiable with respect to ``texture``)."""
+    D = texture.shape[-1]
+    taps = _gather(texture.reshape(-1, D), index)  # [..., 4, D]
+    return (taps * weight[..., None].to(taps.dtype)).sum(dim=-2)
+
+
 def _as_tensor(x: Any, device, dtype=None) -> torch.Tensor | None:
     if x is None:
         return None

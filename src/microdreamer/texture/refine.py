@@ -110,7 +110,7 @@ def refine_texture(
         between charts dilated again), and stats with ``loss_first``, ``loss_last`` (mean of the first
         and last 10% of steps), ``steps`` and ``seconds``.
     """
-    from microdreamer.render.mesh import rasterize, sample_texture
+    from microdreamer.render.mesh import bilinear_taps, rasterize, sample_taps
     from microdreamer.texture.atlas import redilate, texel_samples
     from microdreamer.texture.bake import framing
 
@@ -160,14 +160,41 @@ def refine_texture(
         start_texture = torch.logit(start_texture.clamp(_LOGIT_EPS, 1.0 - _LOGIT_EPS))
     texture = start_texture.requires_grad_(True)
     image_pixels = cameras.height * cameras.width * 3.0
+    ht, wt = start_texture.shape[:2]
+    # the geometry is fixed: each covered pixel's four texels and weights are computed once, and a step
+    # is one gather of every tap of its views (and the anchor's) and one weighted squared error
+    taps = [bilinear_taps(puv, ht, wt) for _, puv in views]
+    a_taps = bilinear_taps(fixed[0], ht, wt) if fixed is not None else None
 
-    def lookup(puv: torch.Tensor) -> torch.Tensor:
-        value = sample_texture(texture, puv)
-        return torch.sigmoid(value) if logit else value
+    def view_terms(c: int, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """View c's covered pixels: target colours [P, 3] and loss weights [P]."""
+        tgt = target.reshape(-1, target.shape[-1])[views[c][0]]
+        return tgt[:, :3], (tgt[:, 3] if tgt.shape[1] == 4 else torch.ones_like(tgt[:, 0]))
+
+    def step_terms(batch: list[int], targets: list[torch.Tensor]):
+        """(index [P, 4], weight [P, 4], target [P, 3], coefficient [P]) of the step's loss
+        sum(coefficient x squared error), or None when it has nothing to fit."""
+        terms = [(taps[c], *view_terms(c, t)) for c, t in zip(batch, targets, strict=True)]
+        terms = [t for t in terms if t[1].shape[0] > 0]
+        count = 0.0
+        if config.normalize == "image":
+            count = image_pixels * len(batch)
+        elif terms:  # (a host sync: only where it is needed)
+            count = float(sum(float(w.sum()) for *_, w in terms)) * 3
+        parts = [(ix, wx, tgt, w / count) for (ix, wx), tgt, w in terms] if count > 0 else []
+        if fixed is not None:
+            _, a_rgb, a_w, a_den = fixed
+            parts.append((*a_taps, a_rgb, a_w * (anchor.weight / a_den)))
+        if not parts:
+            return None
+        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+
+    every_view = config.cache_targets and config.batch >= C
+    constant = step_terms(list(range(C)), cached) if every_view else None
 
     opt = torch.optim.Adam([texture], lr=config.lr)
     gen = torch.Generator().manual_seed(config.seed + 1)
-    losses = []
+    losses: list[torch.Tensor] = []
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -180,43 +207,32 @@ def refine_texture(
             order, cursor = torch.randperm(C, generator=gen), 0
         batch = order[cursor : cursor + config.batch].tolist()
         cursor += config.batch
-        targets = [cached[c] for c in batch] if config.cache_targets else None
-        if targets is None:
-            fresh = targets_fn(_select(cameras, batch)).to(device).float()
-            targets = list(fresh)
-        total, count = 0.0, 0.0
-        opt.zero_grad(set_to_none=True)
-        loss_terms = []
-        for c, target in zip(batch, targets, strict=True):
-            pix, puv = views[c]
-            if pix.numel() == 0:
-                continue
-            tgt = target.reshape(-1, target.shape[-1])[pix]
-            weight = tgt[:, 3] if tgt.shape[1] == 4 else torch.ones_like(tgt[:, 0])
-            pred = lookup(puv)
-            loss_terms.append((weight[:, None] * (pred - tgt[:, :3]) ** 2).sum())
-            if config.normalize == "covered":  # (a host sync per view: only where it is needed)
-                count += float(weight.sum()) * 3
-        if config.normalize == "image":
-            count = image_pixels * len(batch)
-        if (not loss_terms or count == 0) and fixed is None:
+        if every_view:
+            terms = constant
+        else:
+            targets = [cached[c] for c in batch] if config.cache_targets else None
+            if targets is None:
+                targets = list(targets_fn(_select(cameras, batch)).to(device).float())
+            terms = step_terms(batch, targets)
+        if terms is None:
             continue
-        loss = torch.stack(loss_terms).sum() / count if loss_terms and count > 0 else 0.0
-        if fixed is not None:
-            a_uv, a_rgb, a_w, a_den = fixed
-            loss = loss + anchor.weight * (a_w[:, None] * (lookup(a_uv) - a_rgb) ** 2).sum() / a_den
+        index, weight, target, coef = terms
+        opt.zero_grad(set_to_none=True)
+        value = sample_taps(texture, index, weight)
+        pred = torch.sigmoid(value) if logit else value
+        loss = (coef * (pred - target).square().sum(dim=-1)).sum()
         loss.backward()
         opt.step()
         if not logit:
             with torch.no_grad():
                 texture.clamp_(0.0, 1.0)
-        total = float(loss.detach())
-        losses.append(total)
+        losses.append(loss.detach())
         if bar is not None:
-            bar.set_postfix(loss=f"{total:.5f}")
+            bar.set_postfix(loss=f"{float(losses[-1]):.5f}")
             bar.update(1)
     if bar is not None:
         bar.close()
+    losses = torch.stack(losses).tolist() if losses else []  # one host sync for the whole loop
 
     final = torch.sigmoid(texture.detach()) if logit else texture.detach()
     out = np.round(final.clamp(0, 1).cpu().numpy() * 255.0).astype(np.uint8)
