@@ -245,6 +245,40 @@ def test_console_script_exit_code(tmp_path):
     ]
 
 
+READ_PROBE = """
+import builtins, os, sys
+target, seen, real_open = os.path.realpath(sys.argv[1]), [], builtins.open
+def spy(file, *a, **k):
+    if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == target:
+        seen.append(sorted(m for m in ("torch", "microdreamer.splat") if m in sys.modules))
+    return real_open(file, *a, **k)
+builtins.open = spy
+from microdreamer.cli import main
+rc = main(sys.argv[2:])
+print("modules at the first read:", seen[0] if seen else None, "exit", rc)
+"""
+
+
+@pytest.mark.parametrize(
+    "command, output, flags",
+    [
+        ("mesh", "m.glb", ["--resolution", "16", "--texture", "none"]),
+        ("render", "views.png", ["--size", "32"]),
+    ],
+)
+def test_splat_input_is_read_before_torch_is_imported(tmp_path, command, output, flags):
+    """Start-up: ``mesh`` and ``render`` open a splat with NumPy before torch (about a second to import)
+    is loaded, so the input's first byte comes within a fraction of a second. A fresh interpreter spies
+    on open() and records what was imported at the input's first open; no time is asserted."""
+    src = _splat_file(tmp_path)
+    out = tmp_path / output
+    args = [command, str(src), "-o", str(out), *flags, "--device", "cpu"]
+    proc = subprocess.run([sys.executable, "-c", READ_PROBE, str(src), *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "modules at the first read: [] exit 0"
+    assert out.stat().st_size > 0
+
+
 def test_render_views_command(tmp_path, capsys):
     import json
 
@@ -647,6 +681,7 @@ def test_issue20_every_gaussian_huge(tmp_path, capsys):
 )
 def test_issue20_unwritable_output(tmp_path, capsys, monkeypatch, out):
     import microdreamer.splat
+    import microdreamer.splat_ply
 
     src = _splat_file(tmp_path)
 
@@ -654,6 +689,7 @@ def test_issue20_unwritable_output(tmp_path, capsys, monkeypatch, out):
         raise AssertionError("the input was read before the output was checked")
 
     monkeypatch.setattr(microdreamer.splat, "read_ply", never)
+    monkeypatch.setattr(microdreamer.splat_ply, "read_splat_arrays", never)
     _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", out.format(tmp=tmp_path)], "out")
 
 

@@ -227,6 +227,8 @@ class FieldConfig(Config):
 
 
 MESH_BACKENDS = ("auto", "skimage", "torch")
+#: the mesh files microdreamer writes (here, not in mesh/, so the command line checks -o without torch)
+MESH_FORMATS = (".glb", ".obj", ".ply")
 
 
 @dataclass
