@@ -36,6 +36,7 @@ class Flag:
     name: str
     path: str
     metavar: str | None = None
+    aliases: tuple[str, ...] = ()  # older names that still work (help lists them, the synopsis does not)
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,13 @@ def _field_flags(prefix: str = "") -> tuple[Flag, ...]:
         Flag("--resolution", f"{p}field.resolution"),
         Flag("--threshold", f"{p}mesh.threshold"),
         Flag("--mode", f"{p}field.mode"),
-        Flag("--decimate", f"{p}mesh.decimate_target", "N"),
+        _max_faces(p),
     )
+
+
+def _max_faces(prefix: str) -> Flag:
+    """``--max-faces N``: the mesh simplified to about N faces (``--decimate``, its first name, still works)."""
+    return Flag("--max-faces", f"{prefix}mesh.decimate_target", "N", aliases=("--decimate",))
 
 
 COMMANDS = (
@@ -115,7 +121,12 @@ COMMANDS = (
         config.ReconstructJobConfig,
         (("data", "DIR", "dataset folder with transforms.json and RGBA PNGs"),),
         ("OUT/", True, "output folder: splat.ply, mesh.glb, held_out_views.png, metrics.json"),
-        (Flag("--iters", "reconstruct.iters"), Flag("--up", "up"), Flag("--frame", "frame")),
+        (
+            Flag("--iters", "reconstruct.iters"),
+            Flag("--up", "up"),
+            Flag("--frame", "frame"),
+            _max_faces("export."),
+        ),
     ),
     Command(
         "generate",
@@ -143,6 +154,7 @@ COMMANDS = (
             Flag("--iters", "sir.iterations"),
             Flag("--seed", "sir.seed"),
             Flag("--elevation", "elevation_deg"),
+            _max_faces("export."),
         ),
         batch=True,
     ),
@@ -286,6 +298,17 @@ def _flag_spec(cmd: Command, flag: Flag) -> dict:
     return spec
 
 
+class _StoreNamed(argparse.Action):
+    """Stores the value and the option string it came with (``--decimate`` or ``--max-faces``), so that
+    :func:`job_config` names a bad value by the flag the user typed."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        typed = dict(getattr(namespace, "typed_flags", None) or {})
+        typed[self.dest] = option_string
+        namespace.typed_flags = typed
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="microdreamer",
@@ -310,7 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
                 "-o", "--output", default=cmd.output_default, metavar=metavar, help=text + default
             )
         for flag in cmd.flags:
-            sp.add_argument(flag.name, **_flag_spec(cmd, flag))
+            spec = _flag_spec(cmd, flag)
+            if flag.aliases:  # errors name the flag as typed
+                spec["action"] = _StoreNamed
+            sp.add_argument(flag.name, *flag.aliases, **spec)
         for (name, option), (spec, _) in EXTRA.items():
             if name == cmd.name:
                 sp.add_argument(option, **spec)
@@ -371,14 +397,16 @@ def job_config(args: argparse.Namespace, base=None):
         cfg = config.load_preset(cmd.job, args.config, base=base)
     else:
         cfg = base if base is not None else cmd.job()
+    typed = getattr(args, "typed_flags", None) or {}
     for flag in cmd.flags:
-        value = getattr(args, flag.path.replace(".", "__"))
+        dest = flag.path.replace(".", "__")
+        value = getattr(args, dest)
         if value is None:
             continue
         try:
             cfg = config.replace_path(cfg, flag.path, value)
         except ConfigError as e:
-            raise InputError(f"{flag.name} {value}: {e.rule}") from None
+            raise InputError(f"{typed.get(dest) or flag.name} {value}: {e.rule}") from None
     return cfg
 
 
