@@ -245,6 +245,40 @@ def test_console_script_exit_code(tmp_path):
     ]
 
 
+READ_PROBE = """
+import builtins, os, sys
+target, seen, real_open = os.path.realpath(sys.argv[1]), [], builtins.open
+def spy(file, *a, **k):
+    if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == target:
+        seen.append(sorted(m for m in ("torch", "microdreamer.splat") if m in sys.modules))
+    return real_open(file, *a, **k)
+builtins.open = spy
+from microdreamer.cli import main
+rc = main(sys.argv[2:])
+print("modules at the first read:", seen[0] if seen else None, "exit", rc)
+"""
+
+
+@pytest.mark.parametrize(
+    "command, output, flags",
+    [
+        ("mesh", "m.glb", ["--resolution", "16", "--texture", "none"]),
+        ("render", "views.png", ["--size", "32"]),
+    ],
+)
+def test_splat_input_is_read_before_torch_is_imported(tmp_path, command, output, flags):
+    """Start-up: ``mesh`` and ``render`` open a splat with NumPy before torch (about a second to import)
+    is loaded, so the input's first byte comes within a fraction of a second. A fresh interpreter spies
+    on open() and records what was imported at the input's first open; no time is asserted."""
+    src = _splat_file(tmp_path)
+    out = tmp_path / output
+    args = [command, str(src), "-o", str(out), *flags, "--device", "cpu"]
+    proc = subprocess.run([sys.executable, "-c", READ_PROBE, str(src), *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "modules at the first read: [] exit 0"
+    assert out.stat().st_size > 0
+
+
 def test_render_views_command(tmp_path, capsys):
     import json
 
@@ -311,6 +345,7 @@ def test_version(capsys):
         (["--resolution", "1"], "--resolution 1: must be between 2 and 2048"),
         (["--texture-size", "8"], "--texture-size 8: must be between 16 and 16384 texels"),
         (["--decimate", "2"], "--decimate 2: must be at least 4 faces, or none"),
+        (["--max-faces", "2"], "--max-faces 2: must be at least 4 faces, or none"),
     ],
 )
 def test_flag_values_checked_by_their_config_field(tmp_path, capsys, argv, message):
@@ -427,23 +462,60 @@ def test_up_turns_a_y_down_splat_upright_in_mesh(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------
+# --max-faces (the decimation target; --decimate is its older name)
+
+
+@pytest.mark.parametrize(
+    "command, inputs, path",
+    [
+        ("mesh", ["s.ply"], "mesh.decimate_target"),
+        ("demo", [], "export.mesh.decimate_target"),
+        ("reconstruct", ["data"], "export.mesh.decimate_target"),
+        ("generate", ["image.png"], "export.mesh.decimate_target"),
+    ],
+)
+def test_max_faces_and_decimate_set_the_same_field(command, inputs, path):
+    from microdreamer import config
+    from microdreamer.cli import build_parser, job_config
+
+    def cfg(*flags):
+        return job_config(build_parser().parse_args([command, *inputs, "-o", "out/", *flags]))
+
+    assert config.get_path(cfg("--max-faces", "2000"), path) == 2000
+    assert cfg("--max-faces", "2000") == cfg("--decimate", "2000")
+    assert config.get_path(cfg(), path) is None  # the default keeps the full mesh
+
+
+def test_max_faces_simplifies_the_mesh(tmp_path, capsys):
+    """--max-faces N: the ghost at 96^3 (about 90k faces in full) comes out with about N faces."""
+    ghost, full, small = sample("splats/dg_ghost_amd_17k.ply"), tmp_path / "full.glb", tmp_path / "small.glb"
+    args = ("--resolution", 96, "--texture", "none", "--device", "cpu")
+    assert run_cli("mesh", ghost, "-o", full, *args) == 0
+    assert run_cli("mesh", ghost, "-o", small, *args, "--max-faces", 2000) == 0
+    n_full, n_small = len(load(full).faces), len(load(small).faces)
+    assert n_full > 4000 and 1500 <= n_small <= 2100, (n_full, n_small)  # quadric decimation: about N
+    assert "decimated to about 2,000" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------
 # no silent overrides
 
 
 def test_decimate_is_honoured_when_texturing(tmp_path, capsys):
-    """--decimate N above the texture stage's face cap (texture.max_faces, 1000 in this preset) gives a
-    mesh of about N faces, and says that the cap was raised; without --decimate the cap applies."""
+    """--max-faces N above the texture stage's face cap (texture.max_faces, 1000 in this preset) gives a
+    mesh of about N faces, and says that the cap was raised; without --max-faces the cap applies."""
     write_ply(make_synthetic_object(3000, seed=1, scale_fraction=0.02), tmp_path / "s.ply")
     (tmp_path / "cap.yaml").write_text("texture:\n  max_faces: 1000\n  size: 64\n  mode: field\n")
     base = ("mesh", tmp_path / "s.ply", "--resolution", 64, "--config", tmp_path / "cap.yaml")
     assert run_cli(*base, "-o", tmp_path / "capped.glb") == 0
     capped = len(load(tmp_path / "capped.glb").faces)
     capsys.readouterr()
-    assert run_cli(*base, "-o", tmp_path / "asked.glb", "--decimate", 3000) == 0
+    assert run_cli(*base, "-o", tmp_path / "asked.glb", "--max-faces", 3000) == 0
     asked = len(load(tmp_path / "asked.glb").faces)
     err = capsys.readouterr().err
     assert capped <= 1100 and 2500 <= asked <= 3300, (capped, asked)
-    assert "--decimate 3,000 is above the texture stage's face cap (1,000" in err and "keeps the faces" in err
+    assert "--max-faces 3,000 is above the texture stage's face cap (1,000" in err
+    assert "keeps the faces" in err
 
 
 def test_mesh_says_what_a_ply_stores_and_reports_stages(tmp_path, capsys):
@@ -647,6 +719,7 @@ def test_issue20_every_gaussian_huge(tmp_path, capsys):
 )
 def test_issue20_unwritable_output(tmp_path, capsys, monkeypatch, out):
     import microdreamer.splat
+    import microdreamer.splat_ply
 
     src = _splat_file(tmp_path)
 
@@ -654,6 +727,7 @@ def test_issue20_unwritable_output(tmp_path, capsys, monkeypatch, out):
         raise AssertionError("the input was read before the output was checked")
 
     monkeypatch.setattr(microdreamer.splat, "read_ply", never)
+    monkeypatch.setattr(microdreamer.splat_ply, "read_splat_arrays", never)
     _fails_cleanly(tmp_path, capsys, ["mesh", src, "-o", out.format(tmp=tmp_path)], "out")
 
 

@@ -97,3 +97,14 @@ def test_config_and_errors_import_no_stage(module):
     assert bad == []
     heavy = {"torch", "numpy"} & {n.split(".")[0] for n in imported_modules(PACKAGE / module)}
     assert heavy == set(), "config and errors must stay cheap to import (the CLI builds its flags from them)"
+
+
+def test_the_splat_reader_imports_no_torch():
+    """``mesh`` and ``render`` read their splat with splat_ply before torch (~1 s) is imported."""
+    names = imported_modules(PACKAGE / "splat_ply.py")
+    assert "torch" not in {n.split(".")[0] for n in names}
+    assert {n for n in names if n.startswith("microdreamer")} <= {
+        "microdreamer.errors",
+        "microdreamer.progress",
+    }
+    assert "torch" not in {n.split(".")[0] for n in imported_modules(PACKAGE / "progress.py")}

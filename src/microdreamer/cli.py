@@ -36,6 +36,7 @@ class Flag:
     name: str
     path: str
     metavar: str | None = None
+    aliases: tuple[str, ...] = ()  # older names that still work (help lists them, the synopsis does not)
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,13 @@ def _field_flags(prefix: str = "") -> tuple[Flag, ...]:
         Flag("--resolution", f"{p}field.resolution"),
         Flag("--threshold", f"{p}mesh.threshold"),
         Flag("--mode", f"{p}field.mode"),
-        Flag("--decimate", f"{p}mesh.decimate_target", "N"),
+        _max_faces(p),
     )
+
+
+def _max_faces(prefix: str) -> Flag:
+    """``--max-faces N``: the mesh simplified to about N faces (``--decimate``, its first name, still works)."""
+    return Flag("--max-faces", f"{prefix}mesh.decimate_target", "N", aliases=("--decimate",))
 
 
 COMMANDS = (
@@ -115,7 +121,12 @@ COMMANDS = (
         config.ReconstructJobConfig,
         (("data", "DIR", "dataset folder with transforms.json and RGBA PNGs"),),
         ("OUT/", True, "output folder: splat.ply, mesh.glb, held_out_views.png, metrics.json"),
-        (Flag("--iters", "reconstruct.iters"), Flag("--up", "up"), Flag("--frame", "frame")),
+        (
+            Flag("--iters", "reconstruct.iters"),
+            Flag("--up", "up"),
+            Flag("--frame", "frame"),
+            _max_faces("export."),
+        ),
     ),
     Command(
         "generate",
@@ -143,6 +154,7 @@ COMMANDS = (
             Flag("--iters", "sir.iterations"),
             Flag("--seed", "sir.seed"),
             Flag("--elevation", "elevation_deg"),
+            _max_faces("export."),
         ),
         batch=True,
     ),
@@ -286,6 +298,17 @@ def _flag_spec(cmd: Command, flag: Flag) -> dict:
     return spec
 
 
+class _StoreNamed(argparse.Action):
+    """Stores the value and the option string it came with (``--decimate`` or ``--max-faces``), so that
+    :func:`job_config` names a bad value by the flag the user typed."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        typed = dict(getattr(namespace, "typed_flags", None) or {})
+        typed[self.dest] = option_string
+        namespace.typed_flags = typed
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="microdreamer",
@@ -310,7 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
                 "-o", "--output", default=cmd.output_default, metavar=metavar, help=text + default
             )
         for flag in cmd.flags:
-            sp.add_argument(flag.name, **_flag_spec(cmd, flag))
+            spec = _flag_spec(cmd, flag)
+            if flag.aliases:  # errors name the flag as typed
+                spec["action"] = _StoreNamed
+            sp.add_argument(flag.name, *flag.aliases, **spec)
         for (name, option), (spec, _) in EXTRA.items():
             if name == cmd.name:
                 sp.add_argument(option, **spec)
@@ -371,14 +397,16 @@ def job_config(args: argparse.Namespace, base=None):
         cfg = config.load_preset(cmd.job, args.config, base=base)
     else:
         cfg = base if base is not None else cmd.job()
+    typed = getattr(args, "typed_flags", None) or {}
     for flag in cmd.flags:
-        value = getattr(args, flag.path.replace(".", "__"))
+        dest = flag.path.replace(".", "__")
+        value = getattr(args, dest)
         if value is None:
             continue
         try:
             cfg = config.replace_path(cfg, flag.path, value)
         except ConfigError as e:
-            raise InputError(f"{flag.name} {value}: {e.rule}") from None
+            raise InputError(f"{typed.get(dest) or flag.name} {value}: {e.rule}") from None
     return cfg
 
 
@@ -543,9 +571,10 @@ def _check_mesh_output(args: argparse.Namespace, cfg) -> Path:
     not the input, and no file written beside it (a textured OBJ's .mtl and .png) that microdreamer did
     not write."""
     from microdreamer.io_utils import check_companions, check_output_path, textured_obj_companions
-    from microdreamer.mesh import MESH_FORMATS
 
-    out = check_output_path(args.output, MESH_FORMATS, "mesh", inputs=[args.splat], create_parents=True)
+    out = check_output_path(
+        args.output, config.MESH_FORMATS, "mesh", inputs=[args.splat], create_parents=True
+    )
     if out.suffix.lower() == ".obj" and cfg.texture.mode != "none":
         companions, ours = textured_obj_companions(out)
         check_companions(out, companions, ours)
@@ -655,13 +684,26 @@ def _run_batch(args: argparse.Namespace, job, sources: list[str], cfg) -> int:
     return 1 if report.failed else 0
 
 
-def cmd_mesh(args: argparse.Namespace) -> int | None:
-    from microdreamer.mesh import MESH_FORMATS
+def _read_splat_before_torch(path: str):
+    """Read and check the splat at ``path`` with NumPy alone (torch, ~1 s to import, is not loaded yet):
+    ``(arrays, None, seconds, started)``, or ``(None, error, seconds, started)`` for bad input, whose
+    one-line error the caller raises after its own checks (device, grid memory); ``started`` is the
+    :func:`time.perf_counter` at which the read began."""
+    from microdreamer.splat_ply import read_splat_arrays
 
+    started = time.perf_counter()
+    try:
+        arrays, error = read_splat_arrays(path), None
+    except InputError as e:
+        arrays, error = None, e
+    return arrays, error, time.perf_counter() - started, started
+
+
+def cmd_mesh(args: argparse.Namespace) -> int | None:
     sources = list(args.splat)
     folder_output = args.output.endswith(("/", os.sep)) or Path(args.output).is_dir()
     if _batch_requested(args, sources, folder_output):
-        if Path(args.output).suffix.lower() in MESH_FORMATS and not folder_output:
+        if Path(args.output).suffix.lower() in config.MESH_FORMATS and not folder_output:
             raise InputError(f"-o {args.output}: a batch writes one mesh per splat; give an output folder "
                              "(-o DIR/)")  # fmt: skip
         cfg = job_config(args)
@@ -671,21 +713,24 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     args.splat = sources[0]
     cfg = job_config(args)  # checked before reading anything
     out = _check_mesh_output(args, cfg)
-
+    arrays, bad_input, read_s, started = _read_splat_before_torch(args.splat)
+    t = time.perf_counter()
     import torch
 
     from microdreamer.io_utils import made_parents
     from microdreamer.jobs import resolve_device
     from microdreamer.jobs.export import check_grid_memory, export_mesh
     from microdreamer.profiling import StageTimer
-    from microdreamer.splat import read_ply
+    from microdreamer.splat import Splat
 
+    import_s = time.perf_counter() - t
     device = resolve_device(args.device)
     check_grid_memory(cfg.field.resolution, device)
-    started = t = time.perf_counter()
-    splat = read_ply(args.splat)
-    read_s = time.perf_counter() - t
-    logging.getLogger(__name__).info("read %s in %.3f s", args.splat, read_s)
+    if bad_input is not None:  # after the device and grid checks, which come first as they always have
+        raise bad_input
+    splat = Splat.from_arrays(arrays)
+    logging.getLogger(__name__).info("read %s in %.3f s; torch and the stages imported in %.3f s", args.splat,
+                                     read_s, import_s)  # fmt: skip
     timer = StageTimer()
     from microdreamer import progress
 
@@ -713,7 +758,8 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     )
     print(_seconds(timer.seconds))
     if args.profile:
-        _write_profile({"start-up": started - _STARTED, "read": read_s, **timer.seconds}, out.parent,
+        _write_profile({"start-up": started - _STARTED, "read": read_s, "import": import_s, **timer.seconds},
+                       out.parent,
                        f"microdreamer mesh {Path(args.splat).name}", name=f"{out.stem}.profile")  # fmt: skip
 
 
@@ -853,17 +899,29 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
 
 
 def cmd_render(args: argparse.Namespace) -> None:
-    from microdreamer.io_utils import check_input, check_not_input
+    from microdreamer.io_utils import check_input, check_not_input, check_output_path
 
     cfg = job_config(args)
     check_input(args.source, "file", "mesh or splat")
     check_not_input(Path(args.output), [args.source])
+    from microdreamer.splat_ply import SplatArrays, is_splat_ply
+
+    source, bad_input = args.source, None
+    if is_splat_ply(args.source):  # a splat is read before torch is imported (a mesh: by trimesh, after)
+        source, bad_input, _, _ = _read_splat_before_torch(args.source)
     from microdreamer.jobs import resolve_device
-    from microdreamer.jobs.turntable import render_turntable
+    from microdreamer.jobs.turntable import FORMATS, render_turntable
 
     device = resolve_device(args.device)
+    if bad_input is not None:
+        check_output_path(args.output, FORMATS, "turntable")  # as render_turntable does, before its input
+        raise bad_input
+    if isinstance(source, SplatArrays):
+        from microdreamer.splat import Splat
+
+        source = Splat.from_arrays(source)
     t = time.perf_counter()
-    out = render_turntable(args.source, args.output, cfg, device=device)
+    out = render_turntable(source, args.output, cfg, device=device)
     print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")
 
 

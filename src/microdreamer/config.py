@@ -227,6 +227,8 @@ class FieldConfig(Config):
 
 
 MESH_BACKENDS = ("auto", "skimage", "torch")
+#: the mesh files microdreamer writes (here, not in mesh/, so the command line checks -o without torch)
+MESH_FORMATS = (".glb", ".obj", ".ply")
 
 
 @dataclass
@@ -255,7 +257,7 @@ class MeshConfig(Config):
     close_boundary: bool = True
     min_component_fraction: float = 0.02
     merge_tolerance: float = 1e-6
-    decimate_target: int | None = setting(None, "decimate to about N faces")
+    decimate_target: int | None = setting(None, "simplify the mesh to about N faces")
     backend: str = "auto"
 
     def validate(self) -> None:

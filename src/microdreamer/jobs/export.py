@@ -399,7 +399,7 @@ def export_mesh(
     if config.texture.mode != "none":
         texture = texture_config_for(config)
         if texture.max_faces != config.texture.max_faces:
-            say(f"texture: --decimate {config.mesh.decimate_target:,} is above the texture stage's face cap "
+            say(f"texture: --max-faces {config.mesh.decimate_target:,} is above the texture stage's face cap "
                 f"({config.texture.max_faces:,}, texture.max_faces): the mesh keeps the faces asked for "
                 "(the UV unwrap takes longer)")  # fmt: skip
         with timer.stage("texture"):

@@ -28,22 +28,11 @@ import torch
 from microdreamer.config import TurntableConfig
 from microdreamer.errors import InputError
 from microdreamer.io_utils import atomic_path, check_output_path
+from microdreamer.splat_ply import is_splat_ply
 
 logger = logging.getLogger(__name__)
 
 FORMATS = (".mp4", ".gif", ".png")
-
-
-def is_splat_ply(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a PLY whose header declares 3DGS properties (``f_dc_0`` and ``opacity``)."""
-    path = Path(path)
-    if path.suffix.lower() != ".ply" or not path.is_file():
-        return False
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-    end = head.find(b"end_header")
-    header = head[: end if end >= 0 else len(head)]
-    return b"f_dc_0" in header and b"opacity" in header
 
 
 def load_renderable(path: str | os.PathLike):

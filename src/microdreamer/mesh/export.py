@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from microdreamer.config import MESH_FORMATS
 from microdreamer.io_utils import atomic_path, check_output_path
 from microdreamer.mesh.types import Mesh
 
 logger = logging.getLogger(__name__)
-
-MESH_FORMATS = (".glb", ".obj", ".ply")
 
 
 def save_mesh(mesh: Mesh, path: str | os.PathLike) -> Path:
