@@ -128,7 +128,7 @@ def bench_sweep(args) -> dict:
     mesh_path = Path(args.mesh) if args.mesh else SPOT / "spot_triangulated.obj"
     texture = Path(args.texture) if args.texture else SPOT / "spot_texture.png"
     norm = load_dataset(args.data).normalization
-    gt = load_textured_mesh(mesh_path, texture).transformed(norm.center, norm.scale)
+    gt = load_textured_mesh(mesh_path, texture).transformed(norm.center, norm.scale, norm.rotation)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sweep = level_sweep(read_ply(args.splat), gt, args.levels, device)
     print(json.dumps(sweep, indent=2), flush=True)
@@ -136,11 +136,12 @@ def bench_sweep(args) -> dict:
 
 
 def bench_spot(args) -> dict:
+    from microdreamer.config import ReconstructJobConfig, ViewsConfig
     from microdreamer.data import load_dataset, render_views
+    from microdreamer.jobs.reconstruct import reconstruct_dataset
     from microdreamer.mesh.load import load_textured_mesh
     from microdreamer.metrics import mesh_metrics
     from microdreamer.train import ReconstructConfig
-    from microdreamer.train.reconstruct import reconstruct_dataset
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     mesh_path = Path(args.mesh) if args.mesh else SPOT / "spot_triangulated.obj"
@@ -150,20 +151,21 @@ def bench_spot(args) -> dict:
     work = Path(args.workdir)
     data = work / "spot_views"
     t = time.perf_counter()
-    render_views(mesh_path, data, views=32, size=256, seed=0, texture=texture, device=device)
+    render_views(mesh_path, data, ViewsConfig(views=32, size=256, seed=0), texture=texture, device=device)
     t_views = time.perf_counter() - t
     config = ReconstructConfig(iters=args.iters, densify_grad_threshold_3dgs=args.grad_3dgs)
     config.train.backend = args.backend
     config.train.opacity_reset_interval = args.reset
     out_dir = work / "spot_out"
-    metrics = reconstruct_dataset(data, out_dir, config, device=device, progress=False)
+    job = ReconstructJobConfig(reconstruct=config, frame="dataset")  # the defaults' export (iso auto)
+    metrics = reconstruct_dataset(data, out_dir, job, device=device, progress=False)
     norm = load_dataset(data).normalization
-    gt = load_textured_mesh(mesh_path, texture).transformed(norm.center, norm.scale)
+    gt = load_textured_mesh(mesh_path, texture).transformed(norm.center, norm.scale, norm.rotation)
     import trimesh
 
     pred = trimesh.load(out_dir / "mesh.glb", force="mesh")
     mm = mesh_metrics(pred, gt, n=100_000, tau_fractions=(0.01,))
-    # the same splat's field meshed at other iso-levels (the reconstruction's default is 0.2)
+    # the same splat's field meshed at fixed iso-levels (the reconstruction's default is auto)
     from microdreamer.splat import read_ply
 
     sweep = level_sweep(read_ply(out_dir / "splat.ply"), gt, args.levels, device)

@@ -971,10 +971,10 @@ class ReconstructJobConfig(Config):
 
     Attributes:
         reconstruct: the optimisation.
-        export: the mesh export. Its iso-level is MicroDreamer's ``density_thresh`` 0.2: a reconstructed
-            surface is a thin layer of partly transparent Gaussians whose summed density peaks near 1, so
-            DreamGaussian's level 1 cuts inside it (Spot, H200: Chamfer-L1 0.99% of the diagonal at 1,
-            0.25% at 0.2).
+        export: the mesh export, with ``mesh``'s iso-level setting (``auto``: from the splat's alpha). A
+            reconstructed surface is a thin layer of partly transparent Gaussians whose summed density
+            peaks near 1, so DreamGaussian's level 1 cuts inside it (Spot, H200: Chamfer-L1 0.99% of the
+            diagonal at 1, 0.25% at 0.2); ``--threshold 0.2`` is MicroDreamer's ``density_thresh``.
         eval_background: background of the held-out evaluation renders and targets (PSNR, SSIM).
         mesh: write the mesh (False: splat and metrics only).
         up: the dataset frame's up axis; splat.ply and the mesh are turned so that it points up (+y).
