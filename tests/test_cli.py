@@ -374,6 +374,23 @@ def test_mesh_profile_writes_the_report(tmp_path, capsys):
     assert (tmp_path / "m.profile.png").stat().st_size > 1000 and "profile:" in capsys.readouterr().out
 
 
+def test_textured_mesh_profile_splits_the_texture_stage_into_its_parts(tmp_path):
+    import json
+
+    from microdreamer.cli import texture_parts
+
+    write_ply(make_synthetic_object(400, seed=4), tmp_path / "s.ply")
+    out = tmp_path / "m.glb"
+    assert main(["mesh", str(tmp_path / "s.ply"), "-o", str(out), "--resolution", "24", "--texture", "field",
+                 "--texture-size", "64", "--profile", "--device", "cpu"]) == 0  # fmt: skip
+    seconds = json.loads((tmp_path / "m.profile.json").read_text())["seconds"]
+    assert "texture" not in seconds and {"texture: unwrap", "texture: other"} <= set(seconds)
+    # the parts and the rest add up to the stage; a stage without parts is left whole
+    split = texture_parts({"field": 1.0, "texture": 5.0}, {"seconds": {"unwrap": 2.0, "fill": 0.5}})
+    assert split == {"field": 1.0, "texture: unwrap": 2.0, "texture: fill": 0.5, "texture: other": 2.5}
+    assert texture_parts({"texture": 5.0}, {}) == {"texture": 5.0}
+
+
 def test_profile_scaling_runs_each_resolution(tmp_path):
     import json
 

@@ -758,8 +758,8 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     )
     print(_seconds(timer.seconds))
     if args.profile:
-        _write_profile({"start-up": started - _STARTED, "read": read_s, "import": import_s, **timer.seconds},
-                       out.parent,
+        seconds = {"start-up": started - _STARTED, "read": read_s, "import": import_s, **timer.seconds}
+        _write_profile(texture_parts(seconds, result.texture_stats), out.parent,
                        f"microdreamer mesh {Path(args.splat).name}", name=f"{out.stem}.profile")  # fmt: skip
 
 
@@ -892,7 +892,8 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
         "timings.json",
     ]
     if args.profile:
-        _write_profile(report.get("seconds", {}), out, f"microdreamer generate {Path(args.image or 'text').name}",
+        _write_profile(texture_parts(report.get("seconds", {}), report.get("texture") or {}), out,
+                       f"microdreamer generate {Path(args.image or 'text').name}",
                        extra={"device": report.get("device"), "random_weights": report.get("random_weights")})  # fmt: skip
         files += ["profile.json", "profile.png"]
     print("wrote " + ", ".join(str(out / f) for f in files))
@@ -923,6 +924,25 @@ def cmd_render(args: argparse.Namespace) -> None:
     t = time.perf_counter()
     out = render_turntable(source, args.output, cfg, device=device)
     print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")
+
+
+def texture_parts(seconds: dict, texture_stats: dict) -> dict:
+    """``seconds`` with its ``texture`` stage split into the texture stage's own parts (decimation,
+    unwrap, texels, bake, fill, ...: ``texture_stats["seconds"]``), each ``texture: PART``, and
+    ``texture: other`` for the rest; unchanged when the texture stage reported no parts."""
+    parts = {
+        k: float(v) for k, v in (texture_stats.get("seconds") or {}).items() if isinstance(v, (int, float))
+    }
+    if "texture" not in seconds or not parts:
+        return dict(seconds)
+    out: dict = {}
+    for key, value in seconds.items():
+        if key != "texture":
+            out[key] = value
+            continue
+        out.update({f"texture: {k}": v for k, v in parts.items()})
+        out["texture: other"] = max(0.0, float(value) - sum(parts.values()))
+    return out
 
 
 def _write_profile(
