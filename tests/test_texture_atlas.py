@@ -1,6 +1,6 @@
-"""The fill of the texture stage: exact nearest-neighbour searches in PyTorch (the GPU path of
-``fill_texture``) against SciPy's k-d tree and exact distance transform, and the bake on CUDA against
-the bake on the CPU.
+"""The fill of the texture stage: exact and (1 + eps)-approximate nearest-neighbour searches in PyTorch
+(the GPU path of ``fill_texture``) against SciPy's k-d tree, brute force and an exact distance transform,
+and the bake on CUDA against the bake on the CPU.
 
 "Equal" for a nearest-neighbour fill: every filled texel takes the colour of a source at the exact
 nearest distance; where several sources are equally near, any of them is right, so the two backends
@@ -17,7 +17,7 @@ from scipy.spatial import cKDTree
 
 from microdreamer.synthetic import position_colored_sphere
 from microdreamer.texture import TexelSamples, fill_texture
-from microdreamer.texture.atlas import nearest_covered_texel, nearest_points
+from microdreamer.texture.atlas import FILL_EPS, nearest_covered_texel, nearest_points
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
@@ -124,6 +124,85 @@ def test_nearest_points_needs_a_point():
         nearest_points(torch.rand(3, 3), torch.zeros(0, 3))
 
 
+def approximate_case(case: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(queries [Q, 3], points [P, 3], nearest_points kwargs) of one case of the (1 + eps) tests."""
+    g = torch.Generator().manual_seed(seed)
+    if case == "uniform":
+        return torch.rand(1501, 3, generator=g), torch.rand(4003, 3, generator=g), {}
+    if case == "sphere_centre":  # the fill's hard case: every point almost equally far from every query
+        return 0.05 * torch.randn(700, 3, generator=g), sphere_points(20000, 1.0, seed), {}
+    if case == "inner_shell":  # unseen texels on an inner shell, seen ones on an outer surface
+        return (
+            sphere_points(500, 0.6, seed),
+            sphere_points(20000, 1.0, seed + 1) * torch.tensor([1.0, 2.0, 1.0]),
+            {},
+        )
+    if case == "far_outside":  # queries far outside the points' box: the grid is mostly empty
+        q = torch.randn(300, 3, generator=g)
+        return 40.0 * q / q.norm(dim=-1, keepdim=True), torch.rand(3000, 3, generator=g), {}
+    if case == "coincident":  # repeated points, some queries exactly on them (nearest distance 0)
+        p = torch.rand(40, 3, generator=g).repeat(5, 1)
+        return torch.cat([torch.rand(200, 3, generator=g), p[:30]]), p, {}
+    if case == "one_point":
+        return torch.rand(57, 3, generator=g) * 3.0, torch.rand(1, 3, generator=g), {}
+    if case == "tiny_chunks":  # chunked pair evaluation and a fine grid: many levels
+        return (
+            sphere_points(150, 0.2, seed),
+            sphere_points(3000, 1.0, seed + 1),
+            {"max_pairs": 211, "cell": 0.01},
+        )
+    if case == "decoys":  # the bound's worst case: see decoy_case
+        return decoy_case(seed)
+    raise ValueError(case)
+
+
+def decoy_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Each query's nearest point sits just outside its finest search window (distance 1.8 at cell 1,
+    so levels >= 1 decide), with farther points of smaller index right behind it (up to 2x as far):
+    a search that let those stand in for it beyond the (1 + eps) allowance fails here. Queries are 16
+    apart (independent), at the centres of finest cells."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.stack(torch.meshgrid(*[torch.arange(4)] * 3, indexing="ij"), dim=-1).reshape(-1, 3)
+    q = 16.0 * k.float() + 2.5  # [64, 3]
+    u = torch.nn.functional.normalize(
+        torch.cat([torch.ones(64, 1), 0.2 * torch.randn(64, 2, generator=g)], 1), dim=-1
+    ) * torch.where(torch.rand(64, 1, generator=g) < 0.5, -1.0, 1.0)  # near +-x: outside the window
+    nearest = q + 1.8 * u
+    t = 0.05 + 1.75 * torch.rand(64, 40, 1, generator=g)  # 40 decoys per query, behind its nearest
+    jitter = 0.3 * torch.randn(64, 40, 3, generator=g)
+    decoys = nearest[:, None] + t * u[:, None] + jitter
+    far = (decoys - q[:, None]).norm(dim=-1) > 1.8 + 1e-3  # never nearer than the true nearest
+    corner = torch.zeros(1, 3)  # fixes the grid's origin at 0 (largest index: never a representative)
+    return q, torch.cat([decoys[far], nearest, corner]), {"cell": 1.0}
+
+
+APPROXIMATE_CASES = [
+    "uniform", "sphere_centre", "inner_shell", "far_outside", "coincident", "one_point", "tiny_chunks", "decoys"
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("eps", [0.0, 0.25, 0.5, 1.0])
+@pytest.mark.parametrize("case", APPROXIMATE_CASES)
+def test_nearest_points_is_within_one_plus_eps_of_brute_force(device, eps, case):
+    dev = _device(device)
+    q, p, kwargs = approximate_case(case, seed=11 + APPROXIMATE_CASES.index(case))
+    idx = nearest_points(q.to(dev), p.to(dev), eps=eps, **kwargs).cpu()
+    assert idx.shape == (q.shape[0],) and idx.dtype == torch.int64
+    assert ((idx >= 0) & (idx < p.shape[0])).all()
+    exact = torch.cdist(q.double(), p.double()).amin(dim=1)  # brute force, float64
+    got = (q.double() - p.double()[idx]).norm(dim=-1)
+    # the bound holds for float32 distances; 1e-6 absolute covers their rounding at coordinates <= 40
+    # (float32 relative 6e-8: ~2.4e-6 on a squared distance of 1600, i.e. ~3e-8 on the distance)
+    assert (got <= (1.0 + eps) * exact + 1e-6).all(), float((got / exact.clamp_min(1e-12)).max())
+
+
+def test_nearest_points_rejects_a_bad_eps():
+    for eps in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="eps"):
+            nearest_points(torch.rand(3, 3), torch.rand(4, 3), eps=eps)
+
+
 def encode(k: np.ndarray) -> np.ndarray:
     """A unique exactly-representable colour per id k < 2^24 (each channel v / 255)."""
     return np.stack([k % 256, (k // 256) % 256, k // 65536], -1).astype(np.float32) / 255.0
@@ -197,7 +276,7 @@ def test_fill_texture_fills_unseen_texels_from_an_exact_nearest_seen_point(backe
     seen = torch.from_numpy(rng.random(t) < seen_fraction)
     seen[0] = True
     colors = torch.from_numpy(encode(np.arange(t)))
-    texture, stats = fill_texture(_to(samples, dev), colors.to(dev), seen.to(dev), backend=backend)
+    texture, stats = fill_texture(_to(samples, dev), colors.to(dev), seen.to(dev), backend=backend, eps=0.0)
     assert stats["texels_filled_3d"] == t - int(seen.sum()) and stats["texels_seen"] == int(seen.sum())
     got = decode(texture.reshape(-1, 3)[samples.index.numpy()])  # [T] the texel each covered one copied
     s = seen.numpy()
@@ -207,6 +286,55 @@ def test_fill_texture_fills_unseen_texels_from_an_exact_nearest_seen_point(backe
     ref, _ = cKDTree(pts[s]).query(pts[~s])
     dist = np.linalg.norm(pts[~s] - pts[got[~s]], axis=1)
     np.testing.assert_allclose(dist, ref, rtol=0, atol=1e-6)  # float32 rounding only (see above)
+
+
+@pytest.mark.parametrize(
+    "backend, device",
+    [("scipy", "cpu"), ("torch", "cpu"), pytest.param("torch", "cuda", marks=pytest.mark.cuda)],
+)
+@pytest.mark.parametrize("eps", [0.25, 0.5, 1.0, None])  # None: the default, FILL_EPS
+def test_fill_texture_fills_unseen_texels_within_one_plus_eps_of_the_nearest(backend, device, eps):
+    """The fill's hard case: seen texels on a sphere, unseen ones near its centre (every seen point
+    almost equally far), plus unseen texels beside seen ones on the sphere."""
+    dev = _device(device)
+    covered = torch.zeros(64, 64, dtype=torch.bool)
+    covered[2:62, 4:60] = True
+    samples = mask_samples(covered, seed=5)
+    t = len(samples)
+    rng = np.random.default_rng(6)
+    seen = torch.from_numpy(rng.random(t) < 0.9)
+    pts = sphere_points(t, 1.0, 7)
+    inner = torch.from_numpy(rng.random(t) < 0.5) & ~seen
+    pts[inner] *= 0.05
+    samples.points = pts
+    colors = torch.from_numpy(encode(np.arange(t)))
+    kwargs = {} if eps is None else {"eps": eps}
+    texture, stats = fill_texture(_to(samples, dev), colors.to(dev), seen.to(dev), backend=backend, **kwargs)
+    assert stats["texels_filled_3d"] == t - int(seen.sum())
+    got = decode(texture.reshape(-1, 3)[samples.index.numpy()])
+    s = seen.numpy()
+    np.testing.assert_array_equal(got[s], np.nonzero(s)[0])  # seen texels keep their colour
+    assert s[got].all()  # unseen texels copy seen ones
+    p = pts.double()
+    exact = torch.cdist(p[~seen], p[seen]).amin(dim=1).numpy()
+    dist = (p[~seen] - p[got[~s]]).norm(dim=-1).numpy()
+    bound = 1.0 + (FILL_EPS if eps is None else eps)
+    assert (dist <= bound * exact + 1e-6).all()  # 1e-6: float32 rounding (see above)
+
+
+def test_fill_texture_rejects_a_bad_eps():
+    samples = mask_samples(torch.ones(4, 4, dtype=torch.bool), seed=0)
+    with pytest.raises(ValueError, match="eps"):
+        fill_texture(samples, torch.zeros(16, 3), torch.ones(16, dtype=torch.bool), eps=-1.0)
+
+
+def test_texture_config_fill_eps_defaults_to_the_fill_default():
+    from microdreamer.config import TextureConfig
+    from microdreamer.errors import ConfigError
+
+    assert TextureConfig().fill_eps == FILL_EPS
+    with pytest.raises(ConfigError, match="fill_eps"):
+        TextureConfig(fill_eps=-0.5).validate()
 
 
 @pytest.mark.cuda
@@ -220,8 +348,8 @@ def test_fill_texture_on_cuda_agrees_with_scipy_at_the_real_size():
     t = len(samples)
     seen = torch.from_numpy(np.random.default_rng(13).random(t) < 0.85)
     colors = torch.from_numpy(encode(np.arange(t)))
-    gpu, stats_gpu = fill_texture(_to(samples, dev), colors.to(dev), seen.to(dev), backend="torch")
-    cpu, stats_cpu = fill_texture(samples, colors, seen, backend="scipy")
+    gpu, stats_gpu = fill_texture(_to(samples, dev), colors.to(dev), seen.to(dev), backend="torch", eps=0.0)
+    cpu, stats_cpu = fill_texture(samples, colors, seen, backend="scipy", eps=0.0)
     assert stats_gpu == stats_cpu
     # covered texels: the seen source each copied is at the exact nearest 3D distance
     got = decode(gpu.reshape(-1, 3)[samples.index.numpy()])

@@ -186,7 +186,7 @@ def texture_mesh(
 
     say("texture: filling the texels no view saw (nearest seen surface point) and the gutters")
     start = time.perf_counter()
-    texture, fill_stats = fill_texture(samples, colors, seen)
+    texture, fill_stats = fill_texture(samples, colors, seen, eps=config.fill_eps)
     seconds["fill"] = time.perf_counter() - start
     stats.update(fill_stats)
     out = layout.with_texture(texture)
