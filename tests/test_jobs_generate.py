@@ -40,9 +40,9 @@ def test_generate_meshes_at_upstreams_iso_level():
     assert ExportConfig().mesh.threshold == "auto"
 
 
-def test_generate_texture_default_is_a_capped_512_bake():
+def test_generate_texture_default_is_upstreams_1024_bake_capped_at_50k_faces():
     tex = GenerateConfig().export.texture
-    assert (tex.mode, tex.size, tex.max_faces, tex.chart_iterations) == ("bake", 512, 10_000, 0)
+    assert (tex.mode, tex.size, tex.max_faces, tex.chart_iterations) == ("bake", 1024, 50_000, 0)
 
 
 def test_stage2_is_on_by_default_with_upstreams_main2_settings():

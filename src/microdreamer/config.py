@@ -1005,15 +1005,12 @@ class ReconstructJobConfig(Config):
 
 def _generate_export() -> ExportConfig:
     """generate's export: MicroDreamer's iso-level ``density_thresh`` 0.2 (``configs/image_sai.yaml``; see
-    :class:`ReconstructJobConfig` for why a reconstructed surface needs it), and a 512^2 atlas baked from splat renders onto the mesh capped at 10k faces. The cap
-    bounds xatlas (single-threaded, superlinear in faces: 0.5 s at 5k, 1 s at 10k, 4.7 s at 20k, 16 s at
-    50k faces of a smooth mesh on the 2-core dev CPU; on the H200 host, the random model's noise mesh: ~2 s
-    at 10k, 19 s at 50k); 512^2 texels suit views made at 256^2. xatlas runs without chart refinement
-    (``chart_iterations=0``): on a noisy 10k-face mesh of this dev CPU 0.44 s instead of 2.97 s, on a
-    smooth one 0.61 s instead of 0.88 s, for ~20 % more charts."""
-    return ExportConfig(
-        mesh=MeshConfig(threshold=0.2), texture=TextureConfig(size=512, max_faces=10_000, chart_iterations=0)
-    )
+    :class:`ReconstructJobConfig` for why a reconstructed surface needs it) on upstream's 128^3 grid
+    (``extract_mesh``'s default), and upstream's 1024^2 texture on the texture stage's 50k-face cap
+    (upstream decimates to 100k). On the H200 that export kept a whole generation at 6.8 s after load
+    (``benchmarks/results/generate_h200.json``, variant ``texture_1024_50k``); upstream's 256^3 grid, as
+    some of its scripts use, cost 10.5 s (variant ``upstream_export``: decimating the ~1M-face mesh)."""
+    return ExportConfig(mesh=MeshConfig(threshold=0.2), texture=TextureConfig(chart_iterations=0))
 
 
 RANDOM_WEIGHTS = ("tiny", "full")
