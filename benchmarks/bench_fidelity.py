@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fidelity.py [--splats creative ghost fruit guitar shell] [--resolution 256 ...]
         [--voxel-filter default 0 ...] [--iso auto 1.0 0.2 ...] [--texture field|bake|none]
-        [--texture-size 1024] [--bake-size 512] [--views 8] [--size 256] [--device cpu|cuda] [--name NAME]
+        [--texture-size 1024] [--bake-size 512] [--refine STEPS] [--views 8] [--size 256] [--device cpu|cuda] [--name NAME]
 
 For each splat and each combination of ``--resolution`` x ``--voxel-filter`` x ``--iso``: the density
 field (exact mode; ``--voxel-filter`` sets ``FieldConfig.voxel_filter``, ``default`` = the mode's
@@ -271,6 +271,7 @@ def run_setting(
         tcfg = TextureConfig(mode=args.texture, size=args.texture_size)
         if args.bake_size is not None:
             tcfg.bake = BakeConfig(views=BakeViewsConfig(size=args.bake_size))
+        tcfg.refine.steps = args.refine
         mesh = texture_mesh(mesh, splat.to(device), tcfg, device).mesh
         seconds["texture"] = time.perf_counter() - t
     row["faces"] = mesh.num_faces
@@ -306,6 +307,12 @@ def main() -> None:
     ap.add_argument("--iso", nargs="+", default=["auto"], help="auto or a density level")
     ap.add_argument("--texture", choices=["field", "bake", "none"], default="field")
     ap.add_argument("--texture-size", type=int, default=1024)
+    ap.add_argument(
+        "--refine",
+        type=int,
+        default=0,
+        help="texture refinement steps against the splat's renders (TextureConfig.refine.steps)",
+    )
     ap.add_argument("--bake-size", type=int, default=None, help="bake view size (default: the bake's, 512)")
     ap.add_argument("--views", type=int, default=8)
     ap.add_argument("--size", type=int, default=256)
@@ -352,7 +359,7 @@ def main() -> None:
     save_result(out_dir / f"fidelity_{args.name}.json", {
         "benchmark": "splat -> mesh fidelity: silhouette IoU and object PSNR of the mesh against the splat",
         "views": args.views, "size": args.size, "texture": args.texture, "texture_size": args.texture_size,
-        "bake_size": args.bake_size,
+        "bake_size": args.bake_size, "refine_steps": args.refine,
         "device": args.device, "results": results,
     })  # fmt: skip
     print(
