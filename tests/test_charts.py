@@ -516,3 +516,18 @@ def test_unwrap_charts_on_cuda_matches_the_cpu():
     np.testing.assert_array_equal(a.mesh.faces, b.mesh.faces)
     np.testing.assert_allclose(a.uv, b.uv, atol=1e-5)
     check_layout(mesh, b, 256, 2)
+
+
+@pytest.mark.cuda
+def test_unwrap_charts_on_cuda_keeps_the_layout_rules_on_a_real_marching_cubes_mesh():
+    # the texture stage unwraps on the bake's device: on a GPU, a real mesh of thousands of charts
+    from conftest import sample
+
+    t = trimesh.load(sample("meshes/dreamgaussian_reference/creative_tmp/tmp_mesh.glb"), force="mesh")
+    mesh = Mesh(t.vertices, t.faces)
+    a = unwrap_charts(mesh, texture_size=512)
+    b = unwrap_charts(mesh, texture_size=512, device="cuda")
+    check_layout(mesh, b, 512, 2)
+    # the same charts as on the CPU, up to the order of CUDA's float atomics in the per-chart sums
+    assert abs(a.stats["charts"] - b.stats["charts"]) <= 0.01 * a.stats["charts"]
+    assert abs(a.stats["utilization"] - b.stats["utilization"]) < 0.02

@@ -3,7 +3,8 @@
 :func:`texture_mesh` runs the stage with a :class:`TextureConfig`:
 
 1. face cap (quadric decimation to ``max_faces``) and UV unwrap, by ``unwrap``: charts of clustered
-   normals (:func:`unwrap_charts`, the default) or xatlas (:func:`unwrap`);
+   normals (:func:`unwrap_charts`, the default, on the bake's device) or xatlas (:func:`unwrap`, on the
+   CPU);
 2. the covered texels of the ``size`` x ``size`` atlas as surface points (:func:`texel_samples`);
 3. their colours, by ``mode``:
 
@@ -143,7 +144,7 @@ def texture_mesh(
     unwrap_used = config.unwrap
     if config.unwrap == "charts":
         try:
-            layout = unwrap_charts(mesh, config.max_faces, config.size, config.padding)
+            layout = unwrap_charts(mesh, config.max_faces, config.size, config.padding, device=device)
             seconds["unwrap"] = layout.stats["seconds"]["unwrap"]
         except AtlasTooSmall as e:  # charts that cannot each get a texel of a tiny atlas: xatlas shrinks them
             logger.warning("texture: %s; unwrapping with xatlas instead", e)

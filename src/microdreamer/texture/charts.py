@@ -871,7 +871,8 @@ def unwrap_charts(
 
     Args:
         mesh: a non-empty triangle mesh (not modified); any UVs or texture it carries are ignored.
-        max_faces: face cap applied first (quadric decimation); None = no cap.
+        max_faces: face cap applied first (quadric decimation; on CUDA a mesh of many times the cap is
+            clustered there first, :func:`~microdreamer.mesh.decimate`); None = no cap.
         texture_size: the atlas is texture_size^2 texels; the packing, padding and overlap check are
             exact at this size.
         padding: empty texels (Chebyshev) between the texels any two charts touch, and between a
@@ -936,7 +937,7 @@ def unwrap_charts(
     faces_in = mesh.num_faces
     start = time.perf_counter()
     if max_faces is not None and mesh.num_faces > max_faces:
-        mesh = decimate(Mesh(mesh.vertices, mesh.faces, mesh.vertex_colors), max_faces)
+        mesh = decimate(Mesh(mesh.vertices, mesh.faces, mesh.vertex_colors), max_faces, device=device)
     t_decimate = time.perf_counter() - start
 
     start = time.perf_counter()
