@@ -20,8 +20,6 @@ mesh's bounding-box diagonal), and the share of edges with other than two faces.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import statistics
 import sys
 import tempfile
@@ -31,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import hardware  # benchmarks/ is on sys.path when run as a script
-from bench_export import SHARED, SPLATS, case_input
+from _common import save_result  # benchmarks/ is on sys.path when run as a script
+from bench_export import SHARED, SPLATS, case_input, cli_mesh
 
 
 def chamfer_percent(a, b, n: int = 200_000, seed: int = 0) -> float:
@@ -64,14 +62,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
-    from microdreamer.config import ExportConfig
-    from microdreamer.jobs.export import splat_to_mesh, upright
     from microdreamer.mesh import decimate
     from microdreamer.mesh.cluster import cluster_decimate
-    from microdreamer.splat import read_ply
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = ExportConfig()
     ways = {"collapse": lambda m: decimate(m, args.target)}
     if device.type == "cuda":
         ways["cluster_cuda"] = lambda m: decimate(m, args.target, device="cuda")
@@ -83,9 +77,7 @@ def main() -> None:
             if name in SHARED and not (SPLATS / SHARED[name]).exists():
                 print(f"{name}: sample not found in {SPLATS}; skipped", file=sys.stderr)
                 continue
-            splat = upright(read_ply(case_input(name, Path(tmp))).to(device), cfg.up)
-            field = dataclasses.replace(cfg.field, resolution=int(r))
-            mesh = splat_to_mesh(splat, field, cfg.mesh, device).mesh
+            mesh, _ = cli_mesh(case_input(name, Path(tmp)), int(r), device)
             row = {"case": case, "faces_in": mesh.num_faces, "ways": {}}
             for way, fn in ways.items():
                 fn(mesh)  # warm-up (kernels, first allocations)
@@ -107,13 +99,8 @@ def main() -> None:
                 print(f"{case:<14}{way:<14}{w['median_s']:>8.3f} s {w['faces']:>8} faces  chamfer "
                       f"{w['chamfer_percent']:.4f} %  odd edges {100 * w['non_manifold_edges']:.3f} %", flush=True)  # fmt: skip
             rows.append(row)
-    result = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "hardware": hardware(),
-        "rows": rows,
-    }
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+        save_result(args.out, {"rows": rows})
     print(
         f"\ndecimation to {args.target:,} faces: median seconds (Chamfer to the full mesh, % of its diagonal)"
     )

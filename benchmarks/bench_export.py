@@ -69,6 +69,21 @@ def case_input(name: str, tmp: Path) -> Path:
     return path
 
 
+def cli_mesh(path: Path, r: int, device: torch.device):
+    """The untextured mesh ``microdreamer mesh`` makes of the splat at ``path`` on a grid of ``r``^3
+    (ExportConfig's field and mesh settings, upright), and that config."""
+    import dataclasses
+
+    from microdreamer.config import ExportConfig
+    from microdreamer.jobs.export import splat_to_mesh, upright
+    from microdreamer.splat import read_ply
+
+    cfg = ExportConfig()
+    splat = upright(read_ply(path).to(device), cfg.up)
+    field = dataclasses.replace(cfg.field, resolution=r)
+    return splat_to_mesh(splat, field, cfg.mesh, device).mesh, cfg
+
+
 def one_export(path: Path, out: Path, cfg, device: torch.device) -> dict:
     """Per-stage seconds of one in-process export of ``path``."""
     from microdreamer.jobs.export import export_mesh

@@ -14,43 +14,21 @@ holds every run, the command and the hardware.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from _common import hardware  # benchmarks/ is on sys.path when run as a script
-
-ROOT = Path(__file__).resolve().parents[1]
-SPLATS = ROOT.parent / "shared" / "samples" / "splats"
-SHARED = {
-    "creative": "dg_creative_tmp_8.8k.ply",
-    "ghost": "dg_ghost_amd_17k.ply",
-    "fruit": "supersplat_fruit_drops_4.7k_sh3.ply",
-    "guitar": "pc_guitar_91k_sh0.decoded.ply",
-}
+from _common import save_result  # benchmarks/ is on sys.path when run as a script
+from bench_export import SHARED, SPLATS, case_input, cli_mesh
 
 
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def case_mesh(name: str, r: int, device: torch.device):
-    from microdreamer.config import ExportConfig
-    from microdreamer.jobs.export import splat_to_mesh, upright
-    from microdreamer.mesh import decimate
-    from microdreamer.splat import read_ply
-
-    cfg = ExportConfig()
-    splat = upright(read_ply(SPLATS / SHARED[name]).to(device), cfg.up)
-    mesh = splat_to_mesh(splat, dataclasses.replace(cfg.field, resolution=r), cfg.mesh, device).mesh
-    cap = cfg.texture.max_faces
-    return mesh if cap is None or mesh.num_faces <= cap else decimate(mesh, cap), cfg.texture
 
 
 def main() -> None:
@@ -61,6 +39,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
+    from microdreamer.mesh import decimate
     from microdreamer.texture.charts import unwrap_charts
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -71,10 +50,14 @@ def main() -> None:
     rows = []
     for case in args.cases.split(","):
         name, r = case.split("@")
-        if not (SPLATS / SHARED[name]).exists():
+        if name in SHARED and not (SPLATS / SHARED[name]).exists():
             print(f"{name}: sample not found in {SPLATS}; skipped", file=sys.stderr)
             continue
-        mesh, texture = case_mesh(name, int(r), device)
+        with tempfile.TemporaryDirectory() as tmp:
+            mesh, cfg = cli_mesh(case_input(name, Path(tmp)), int(r), device)
+        texture = cfg.texture
+        if texture.max_faces is not None and mesh.num_faces > texture.max_faces:
+            mesh = decimate(mesh, texture.max_faces)
         row = {"case": case, "faces": mesh.num_faces, "runs": {}}
         for dev, threads in where:
             torch.set_num_threads(threads)
@@ -97,13 +80,8 @@ def main() -> None:
             print(f"{case:<14}{key:<14}{statistics.median(seconds[1:]):>8.3f} s   {steps}", flush=True)
         torch.set_num_threads(threads_default)
         rows.append(row)
-    result = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "hardware": hardware(),
-        "rows": rows,
-    }
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+        save_result(args.out, {"rows": rows})
     keys = list(rows[0]["runs"]) if rows else []
     print("\nmedian seconds of unwrap_charts (50k-face cap, 1024^2)")
     print(f"{'case':<14}{'faces':>8}" + "".join(f"{k:>16}" for k in keys) + f"{'charts':>8}")

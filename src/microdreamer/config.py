@@ -407,7 +407,7 @@ class TextureConfig(Config):
         mode: ``"bake"`` (from splat renders), ``"field"`` (from the colour field) or ``"none"``.
         size: the texture is size x size texels.
         unwrap: ``"charts"`` (``texture.charts.unwrap_charts``: normal clustering and outline packing,
-            vectorised in PyTorch, on the bake's device (on an H200 2.3-3.5x faster than on its host's
+            vectorised in PyTorch, on the bake's device (on an H200 2.0-3.6x faster than on its host's
             CPU, benchmarks/results/unwrap_device_h200.json); 4.6x to 27x faster than xatlas at 50k faces on a
             2-core CPU at the same PSNR, benchmarks/results/unwrap_cpu_*.json) or ``"xatlas"``.
         max_faces: face cap before unwrapping (decimation); None = no cap.

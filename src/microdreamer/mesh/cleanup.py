@@ -219,9 +219,9 @@ def decimate(
         device: a CUDA device: a mesh of more than ``CLUSTER_ABOVE`` times the target's faces is first
             clustered there to about ``CLUSTER_TO`` times the target (:func:`~microdreamer.mesh.cluster.
             cluster_decimate`; edge collapse costs about a second per million faces, clustering on the
-            GPU a few milliseconds, ``benchmarks/bench_decimate.py``). On the CPU edge collapse is the
-            faster of the two (measured on a 2-core CPU: 0.29 s for 327k -> 25k faces, clustering alone
-            1.0 s), so None or a CPU device leaves it to edge collapse alone.
+            GPU a few milliseconds, ``benchmarks/bench_decimate.py``). On a 2-core CPU the two ways were
+            even at 327k -> 25k faces (0.19-0.46 s against 0.24-0.31 s), so None or a CPU device leaves
+            it to edge collapse alone.
     """
     if target_faces < 1:
         raise ValueError(f"target_faces must be >= 1, got {target_faces}")
