@@ -28,20 +28,15 @@ own (Gaussian, voxel) pairs divided by R, and three max-reductions of the grid.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from microdreamer.field.binning import box_cells, chunk_bounds
+from microdreamer.field.carve import DILATION, projected_alpha
 from microdreamer.field.common import FieldConfig, GridSpec, PreparedGaussians, prepare_gaussians
 
 # DreamGaussian's density_thresh: the level of ``upstream`` mode
 UPSTREAM_ISO_LEVEL = 1.0
-# the 3DGS rasteriser's limits on one Gaussian's alpha at a pixel
-MIN_ALPHA = 1.0 / 255.0
-MAX_ALPHA = 0.999
-# its low-pass filter, in squared pixels (here: squared grid spacings)
-DILATION = 0.3
 
 __all__ = [
     "DILATION",
@@ -63,12 +58,15 @@ class IsoLevel:
         method: ``"auto"`` (chosen from the splat), ``"upstream"`` (DreamGaussian's 1) or ``"fixed"``.
         iou: auto: the silhouettes' intersection over union at ``level`` (three axes pooled).
         iou_per_axis: auto: (x, y, z) the same per axis.
+        column_alphas: auto: the splat's alpha along the x, y and z axes at the grid's columns
+            (:func:`column_alpha`), for the stages after it (silhouette carving).
     """
 
     level: float
     method: str = "fixed"
     iou: float | None = None
     iou_per_axis: tuple[float, float, float] | None = None
+    column_alphas: list[torch.Tensor] | None = field(default=None, repr=False)
 
 
 def column_alpha(
@@ -78,7 +76,9 @@ def column_alpha(
     dilation: float = DILATION,
     max_pairs: int = 1 << 22,
 ) -> torch.Tensor:
-    """The splat's orthographic alpha along ``axis`` at the grid's columns (see the module docstring).
+    """The splat's orthographic alpha along ``axis`` at the grid's columns (see the module docstring):
+    :func:`~microdreamer.field.carve.projected_alpha` on the plane of the two other axes, one pixel per
+    column.
 
     Args:
         prepared: N Gaussians as :func:`prepare_gaussians` makes them with ``voxel_filter=0``: their
@@ -95,43 +95,8 @@ def column_alpha(
     if axis not in (0, 1, 2):
         raise ValueError(f"axis must be 0, 1 or 2, got {axis}")
     r = grid.resolution
-    device = prepared.means.device
-    log_t = torch.zeros(r * r, dtype=torch.float64, device=device)
-    if len(prepared) == 0:
-        return torch.zeros(r, r, dtype=torch.float32, device=device)
-    keep = [a for a in range(3) if a != axis]
-    h = 2.0 / (r - 1)
-    rs = torch.linalg.inv(prepared.transforms.double())  # M^-1 = R S
-    rs2 = rs[:, keep]  # [N, 2, 3] the rows of the two kept axes
-    cov2 = rs2 @ rs2.transpose(1, 2) + dilation * h * h * torch.eye(2, dtype=torch.float64, device=device)
-    det = cov2[:, 0, 0] * cov2[:, 1, 1] - cov2[:, 0, 1] ** 2
-    # precision (a, b, c) of [[a, b], [b, c]] = cov2^-1; det > 0 when dilation > 0 or the Gaussian is not flat
-    pa, pb, pc = cov2[:, 1, 1] / det, -cov2[:, 0, 1] / det, cov2[:, 0, 0] / det
-    mu = prepared.means.double()[:, keep]
-    opac = prepared.opacities.double().clamp(max=1.0)
-    # a_i >= 1/255 needs q <= 2 ln(255 o_i): the box around that ellipse, in columns
-    q_max = 2.0 * torch.log(opac / MIN_ALPHA).clamp_min(0.0)
-    half = (q_max[:, None] * torch.stack([cov2[:, 0, 0], cov2[:, 1, 1]], -1)).sqrt()
-    first = torch.ceil((mu - half + 1.0) / h - 1e-9).clamp(0, r - 1).long()
-    last = torch.floor((mu + half + 1.0) / h + 1e-9).clamp(-1, r - 1).long()
-    outside = ((mu + half) < -1.0 - h) | ((mu - half) > 1.0 + h) | ~torch.isfinite(half)
-    extent = torch.where(outside, torch.zeros_like(first), (last - first + 1).clamp_min(0))
-    extent = torch.where(outside.any(-1, keepdim=True), torch.zeros_like(extent), extent)
-    first3 = torch.cat([first, torch.zeros_like(first[:, :1])], -1)
-    extent3 = torch.cat([extent, torch.ones_like(extent[:, :1])], -1)
-    counts = extent3.prod(-1)
-    bounds = chunk_bounds(counts, max_pairs)
-    for c0, c1 in zip(bounds[:-1], bounds[1:], strict=True):
-        if int(counts[c0:c1].sum()) == 0:
-            continue
-        owner, cell = box_cells(first3, extent3, (r, r, 1), c0, c1)
-        du = (cell // r).double() * h - 1.0 - mu[owner, 0]
-        dv = (cell % r).double() * h - 1.0 - mu[owner, 1]
-        q = pa[owner] * du * du + 2.0 * pb[owner] * du * dv + pc[owner] * dv * dv
-        a = (opac[owner] * torch.exp(-0.5 * q)).clamp_(max=MAX_ALPHA)
-        a = torch.where(a >= MIN_ALPHA, a, torch.zeros_like(a))
-        log_t.index_add_(0, cell, torch.log1p(-a))
-    return (-torch.expm1(log_t)).float().reshape(r, r)
+    basis = torch.eye(3, dtype=torch.float64)[[a for a in range(3) if a != axis]]
+    return projected_alpha(prepared, basis, (-1.0, -1.0), (r, r), 2.0 / (r - 1), dilation, max_pairs)
 
 
 def choose_iso_level(
@@ -194,7 +159,9 @@ def auto_iso_level(
         raise ValueError("values is not the field of this splat on this grid")
     alphas = [column_alpha(raw, grid, a) for a in range(3)]
     values = values.to(raw.means.device)
-    return choose_iso_level([values.amax(a) for a in range(3)], alphas, alpha_level)
+    return replace(
+        choose_iso_level([values.amax(a) for a in range(3)], alphas, alpha_level), column_alphas=alphas
+    )
 
 
 def resolve_iso_level(

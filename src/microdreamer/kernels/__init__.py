@@ -5,7 +5,10 @@ the arguments mean, the defaults and the choice between implementations live in
 are :mod:`microdreamer.field.reference` (float64 brute force) and :mod:`microdreamer.field.torch_impl`.
 Importing this package compiles nothing and works without a GPU.
 
-The kernels (``csrc/fields.cu``):
+``csrc/carve.cu`` holds silhouette carving's projected alpha (:func:`carve_alpha`; its PyTorch path and
+the semantics are in :mod:`microdreamer.field.carve`).
+
+The field kernels (``csrc/fields.cu``):
 
 * ``"fast"``: Gaussians binned to 16 x 16 x (8 * chunks) voxel tiles on the GPU (count, scan, fill), one
   block per tile stages its Gaussians in shared memory; each warp culls them against its 8 x 4-column
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["extract_fields"]
+__all__ = ["carve_alpha", "extract_fields"]
 
 
 def extract_fields(
@@ -96,3 +99,31 @@ def extract_fields(
         int(variant), int(list_capacity), int(scatter_voxels), int(splits), int(split_min_entries),
         bool(sized_list), bool(scatter_precise), int(precise_capacity), int(wide_capacity), bool(overlap),
     )  # fmt: skip
+
+
+def carve_alpha(
+    precision: torch.Tensor,
+    offset: torch.Tensor,
+    box: torch.Tensor,
+    opacity: torch.Tensor,
+    sums: torch.Tensor,
+    v_size: int,
+) -> None:
+    """Add the log-transmittance terms of N Gaussians seen along D directions to ``sums``, in place.
+
+    Every (direction k, Gaussian i, pixel (first_u + s, first_v + t)) of Gaussian i's box in image k adds
+    ``log(1 - a)``, ``a = min(0.999, o_i exp(-q / 2))``, ``q = pa du^2 + 2 pb du dv + pc dv^2`` with
+    ``(du, dv) = (s, t) + offset``, when ``a >= 1/255``; as a fixed-point integer (``round(log(1 - a) 2^32)``,
+    so the sums do not depend on the order the atomics land in).
+
+    Args:
+        precision: [D, N, 3] float32 (pa, pb, pc) of each Gaussian's inverse 2D covariance in squared pixels.
+        offset: [D, N, 2] float32 its box's first pixel minus its centre, in pixels.
+        box: [D, N, 4] int32 the box's first pixel (u, v) and extent (u, v) (0 = empty), inside the image.
+        opacity: [N] float32.
+        sums: [D, U * V] int64 per image, row-major with ``v_size`` pixels a row.
+        v_size: V.
+    """
+    from microdreamer.kernels import _backend
+
+    _backend.load().carve_alpha(precision, offset, box, opacity, sums, int(v_size))

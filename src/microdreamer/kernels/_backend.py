@@ -16,7 +16,7 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().with_name("csrc")
-SOURCES = ("bindings.cpp", "fields.cu")
+SOURCES = ("bindings.cpp", "fields.cu", "carve.cu")
 EXTENSION_NAME = "microdreamer_kernels"
 
 _module: ModuleType | None = None

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include "carve.h"
 #include "fields.h"
 
 namespace {
@@ -395,8 +396,44 @@ at::Tensor extract_fields(const at::Tensor& means, const at::Tensor& opacities, 
   return out;
 }
 
+// carve_alpha: adds the fixed-point log-transmittance terms of N Gaussians in D directions to `sums`
+// ([D, U * V] int64, two's complement), in place.
+void carve_alpha(const at::Tensor& precision, const at::Tensor& offset, const at::Tensor& box,
+                 const at::Tensor& opacity, at::Tensor& sums, int64_t v_size) {
+  const at::Device device = sums.device();
+  TORCH_CHECK(device.is_cuda(), "sums must be a CUDA tensor, got ", device);
+  const int64_t d = precision.size(0), n = opacity.size(0);
+  check_tensor(opacity, "opacity", at::kFloat, device);
+  check_shape(opacity, "opacity", {n});
+  check_tensor(precision, "precision", at::kFloat, device);
+  check_shape(precision, "precision", {d, n, 3});
+  check_tensor(offset, "offset", at::kFloat, device);
+  check_shape(offset, "offset", {d, n, 2});
+  check_tensor(box, "box", at::kInt, device);
+  check_shape(box, "box", {d, n, 4});
+  check_tensor(sums, "sums", at::kLong, device);
+  TORCH_CHECK(sums.dim() == 2 && sums.size(0) == d, "sums must have shape [", d, ", U * V], got ", sizes_of(sums));
+  TORCH_CHECK(v_size > 0 && sums.size(1) % v_size == 0, "v_size ", v_size, " must divide sums' rows of ",
+              sums.size(1));
+  if (n == 0 || d == 0) return;
+  const c10::cuda::CUDAGuard guard(device);
+  microdreamer::CarveArgs a;
+  a.precision = precision.data_ptr<float>();
+  a.offset = offset.data_ptr<float>();
+  a.box = box.data_ptr<int32_t>();
+  a.opacity = opacity.data_ptr<float>();
+  a.n = n;
+  a.directions = d;
+  a.image_stride = sums.size(1);
+  a.v_size = static_cast<int>(v_size);
+  a.sums = reinterpret_cast<unsigned long long*>(sums.data_ptr<int64_t>());
+  C10_CUDA_CHECK(microdreamer::launch_carve_alpha(a, c10::cuda::getCurrentCUDAStream(device.index()).stream()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("extract_fields", &extract_fields, "density field on a grid (see microdreamer.kernels.extract_fields)");
+  m.def("carve_alpha", &carve_alpha, "silhouette carving's projected alpha (see microdreamer.kernels.carve_alpha)");
 }
