@@ -12,9 +12,11 @@ PRESET = "src/microdreamer/presets/dreamgaussian.yaml"
 def test_defaults_are_documented_values():
     cfg = ExportConfig()
     assert cfg.field == FieldConfig(
-        resolution=128, mode="exact", num_blocks=16, relax_ratio=1.5, min_opacity=0.005
+        resolution="auto", mode="exact", num_blocks=16, relax_ratio=1.5, min_opacity=0.005
     )
     assert cfg.mesh.threshold == "auto" and cfg.field.filter_variance == 0.25
+    assert cfg.mesh.carve == 24 and cfg.mesh.carve_level == 0.5
+    assert FieldConfig().resolution == 128  # the library's default grid stays DreamGaussian's
 
 
 def test_preset_loads_into_dataclasses(tmp_path):

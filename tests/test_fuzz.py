@@ -253,8 +253,8 @@ def _check_error(e: InputError, path) -> None:
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_fuzzed_splats_load_or_fail_cleanly_and_mesh_or_fail_cleanly(tmp_path, bases, caplog, device):
-    """Every 10th splat that loads goes through the whole export instead (colour-field texture, GLB
-    written), the rest through the field and mesh stages."""
+    """Every 10th splat that loads goes through the whole export instead (silhouette carving,
+    colour-field texture, GLB written), the rest through the field and mesh stages."""
     rng = np.random.default_rng(SEED)
     counts: collections.Counter = collections.Counter()
     kinds: collections.Counter = collections.Counter()
@@ -262,10 +262,10 @@ def test_fuzzed_splats_load_or_fail_cleanly_and_mesh_or_fail_cleanly(tmp_path, b
     path = tmp_path / "case.ply"
     field, mesh_cfg, dev = FieldConfig(resolution=RESOLUTION), MeshConfig(threshold=0.5), torch.device(device)
     base_cfg = ExportConfig()
-    textured = dataclasses.replace(
+    textured = dataclasses.replace(  # the export's path, silhouette carving included
         base_cfg,
         field=field,
-        mesh=mesh_cfg,
+        mesh=dataclasses.replace(mesh_cfg, carve=base_cfg.mesh.carve),
         texture=dataclasses.replace(base_cfg.texture, mode="field", size=16),
     )
     out = tmp_path / "case.glb"

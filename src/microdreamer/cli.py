@@ -60,6 +60,7 @@ def _field_flags(prefix: str = "") -> tuple[Flag, ...]:
     return (
         Flag("--resolution", f"{p}field.resolution"),
         Flag("--threshold", f"{p}mesh.threshold"),
+        Flag("--carve", f"{p}mesh.carve"),
         Flag("--mode", f"{p}field.mode"),
         _max_faces(p),
     )
@@ -265,6 +266,15 @@ def _number_or_word(text: str) -> float | str:
         return text
 
 
+def _integer_or_word(text: str) -> int | str:
+    """An ``int | str`` setting's value: an integer when it reads as one (``256``), else the word
+    (``auto``; a number that is not an integer stays text, which the config then refuses)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def _scalar_type(annotation: Any) -> Any:
     """int, float or str of a field annotation (``int | None`` -> int); ``float | str`` -> a number or
     a word (:func:`_number_or_word`)."""
@@ -272,6 +282,8 @@ def _scalar_type(annotation: Any) -> Any:
         options = [a for a in typing.get_args(annotation) if a is not type(None)]
         if float in options and str in options:
             return _number_or_word
+        if int in options and str in options:
+            return _integer_or_word
         return _scalar_type(options[0])
     return annotation
 
@@ -746,8 +758,15 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     print(f"Gaussians: {conv.num_gaussians_in} read, {conv.num_gaussians_kept} kept "
           f"(opacity > {cfg.field.min_opacity})")  # fmt: skip
-    print(f"grid: {conv.resolution}^3, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}; "
-          f"iso-level {conv.iso_level:.3g}" + (" (auto: from the splat's alpha)" if conv.iso_method == "auto" else ""))  # fmt: skip
+    grid_note = " (auto: from the splat's Gaussian sizes)" if cfg.field.resolution == "auto" else ""
+    carve = conv.carve or {}
+    carved = carve.get("skipped") is None and carve.get("directions")
+    iso_note = " (auto: from the splat's alpha)" if conv.iso_method == "auto" else ""
+    if carved and conv.iso_method == "auto":
+        iso_note = f" (auto: {cfg.mesh.carve_level:g} x the level that matches the splat's alpha)"
+    print(f"grid: {conv.resolution}^3{grid_note}, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}; "
+          f"iso-level {conv.iso_level:.3g}{iso_note}"
+          + (f"; carved to the splat's silhouettes from {carve['directions']} directions" if carved else ""))  # fmt: skip
     tex = f", {cfg.texture.mode} texture {cfg.texture.size}^2" if mesh.has_texture else ""
     from microdreamer.jobs.export import written_as
 

@@ -155,6 +155,9 @@ class Config:
 FIELD_MODES = ("exact", "upstream")
 
 
+#: the grids ``FieldConfig.resolution = "auto"`` chooses from (the largest where no smaller fits)
+AUTO_RESOLUTIONS = (128, 192, 256)
+
 #: the voxel filter of each field mode when ``FieldConfig.voxel_filter`` is None (squared grid spacings)
 DEFAULT_VOXEL_FILTER = {"exact": 0.25, "upstream": 0.0}
 
@@ -164,7 +167,10 @@ class FieldConfig(Config):
     """The density field (:mod:`microdreamer.field`). ``upstream`` mode's defaults are DreamGaussian's.
 
     Attributes:
-        resolution: R, grid points per axis.
+        resolution: R, grid points per axis, or ``"auto"``: chosen from the splat before the field
+            (:func:`microdreamer.field.common.auto_resolution`): the smallest of :data:`AUTO_RESOLUTIONS`
+            whose voxel is no wider than the median Gaussian's largest scale (a real capture's small
+            Gaussians get a finer grid than a generated object's large ones).
         mode: ``"exact"`` (every Gaussian within its cutoff, a stated error bound) or ``"upstream"``
             (DreamGaussian/MicroDreamer's ``extract_fields`` block rule).
         num_blocks: upstream: blocks per axis (block = R // num_blocks voxels).
@@ -178,7 +184,7 @@ class FieldConfig(Config):
             :data:`DEFAULT_VOXEL_FILTER` (exact: 1/4, sigma = h / 2; upstream: 0, DreamGaussian's).
     """
 
-    resolution: int = setting(128, "grid points per axis")
+    resolution: int | str = setting(128, "grid points per axis, or auto (from the splat's Gaussian sizes)")
     mode: str = setting("exact", "exact: every Gaussian within its cutoff, bounded error; upstream: "
                         "DreamGaussian/MicroDreamer's block rule", choices=FIELD_MODES)  # fmt: skip
     num_blocks: int = 16
@@ -192,7 +198,10 @@ class FieldConfig(Config):
         self.choose("mode", FIELD_MODES)
         self.require("voxel_filter", self.voxel_filter is None or 0.0 <= self.voxel_filter <= 100.0,
                      "must be in [0, 100] squared voxels, or none")  # fmt: skip
-        self.require("resolution", 2 <= self.resolution <= 2048, "must be between 2 and 2048")
+        if isinstance(self.resolution, str):
+            self.require("resolution", self.resolution == "auto", "must be an integer or auto")
+        else:
+            self.require("resolution", 2 <= self.resolution <= 2048, "must be between 2 and 2048")
         self.require("cutoff_tol", 0.0 < self.cutoff_tol < 1.0, "must be in (0, 1)")
         self.require("num_blocks", self.num_blocks >= 1, "must be at least 1")
         self.require("extent_factor", self.extent_factor > 0, "must be positive")
@@ -240,6 +249,11 @@ class MeshConfig(Config):
             ``"auto"``: chosen from the splat after the field (``field.iso.resolve_iso_level``): in exact
             mode the level whose silhouettes along the grid's axes best match the splat's alpha = 0.5
             contour, in upstream mode DreamGaussian's 1.
+        carve: silhouette carving (``field.carve``; exact mode): the density is cut to the splat's own
+            alpha >= 0.5 silhouettes seen from this many directions before marching cubes, so that the
+            mesh covers what the splat shows and nothing it does not; 0 leaves the density as it is.
+        carve_level: with ``threshold = "auto"`` and carving, the density's level is this fraction of
+            the chosen level: the lower density surface fills the silhouettes, which cut it back.
         close_boundary: close surfaces cut by the grid's border (see ``mesh.marching_cubes``).
         min_component_fraction: drop connected components with fewer faces than this fraction of all
             faces (the largest component is always kept); 0 keeps everything.
@@ -254,6 +268,8 @@ class MeshConfig(Config):
     """
 
     threshold: float | str = setting(1.0, "density iso-level, or auto (from the splat's alpha)")
+    carve: int = setting(0, "carve the density to the splat's silhouettes from N directions (0: off)")
+    carve_level: float = 0.5
     close_boundary: bool = True
     min_component_fraction: float = 0.02
     merge_tolerance: float = 1e-6
@@ -267,6 +283,9 @@ class MeshConfig(Config):
         else:
             self.require("threshold", math.isfinite(self.threshold) and self.threshold > 0.0,
                          "must be positive (the density is never negative) and finite, or auto")  # fmt: skip
+        self.require("carve", self.carve == 0 or 3 <= self.carve <= 1024,
+                     "must be 0 (off) or between 3 and 1024 directions")  # fmt: skip
+        self.require("carve_level", 0.0 < self.carve_level <= 1.0, "must be in (0, 1]")
         self.require("min_component_fraction", 0.0 <= self.min_component_fraction <= 1.0, "must be in [0, 1]")
         self.require("merge_tolerance", self.merge_tolerance >= 0.0, "must be 0 or more")
         self.require("decimate_target", self.decimate_target is None or self.decimate_target >= 4,
@@ -949,13 +968,24 @@ UP_AXES = ("+y", "-y", "+z", "-z")
 UP_HELP = "the input's up axis; the output is turned so that it points up (+y)"
 
 
+#: the export's silhouette-carving directions (``MeshConfig.carve``)
+EXPORT_CARVE_DIRECTIONS = 24
+
+
 @dataclass
 class ExportConfig(Config):
     """Splat -> density field -> mesh -> texture -> file (:func:`microdreamer.jobs.export.export_mesh`),
-    the ``mesh`` command's job and every other job's mesh export."""
+    the ``mesh`` command's job and every other job's mesh export.
 
-    field: FieldConfig = dataclasses.field(default_factory=FieldConfig)
-    mesh: MeshConfig = dataclasses.field(default_factory=lambda: MeshConfig(threshold="auto"))
+    Its defaults (``mesh`` and ``reconstruct``) differ from the components' library defaults: the grid's
+    resolution and the iso-level are chosen from the splat (``auto``), and the density is carved to the
+    splat's silhouettes from :data:`EXPORT_CARVE_DIRECTIONS` directions (``benchmarks/README.md``: the
+    fidelity measurements that chose them)."""
+
+    field: FieldConfig = dataclasses.field(default_factory=lambda: FieldConfig(resolution="auto"))
+    mesh: MeshConfig = dataclasses.field(
+        default_factory=lambda: MeshConfig(threshold="auto", carve=EXPORT_CARVE_DIRECTIONS)
+    )
     texture: TextureConfig = dataclasses.field(default_factory=TextureConfig)
     up: str = setting("+y", "the splat's up axis: the splat is turned so that it points up (+y) before "
                       "meshing, and the mesh is written in that frame", choices=UP_AXES)  # fmt: skip
@@ -1011,7 +1041,8 @@ def _generate_export() -> ExportConfig:
     (upstream decimates to 100k). On the H200 that export kept a whole generation at 6.8 s after load
     (``benchmarks/results/generate_h200.json``, variant ``texture_1024_50k``); upstream's 256^3 grid, as
     some of its scripts use, cost 10.5 s (variant ``upstream_export``: decimating the ~1M-face mesh)."""
-    return ExportConfig(mesh=MeshConfig(threshold=0.2), texture=TextureConfig(chart_iterations=0))
+    return ExportConfig(field=FieldConfig(resolution=128), mesh=MeshConfig(threshold=0.2),
+                        texture=TextureConfig(chart_iterations=0))  # fmt: skip
 
 
 RANDOM_WEIGHTS = ("tiny", "full")
@@ -1115,7 +1146,8 @@ class EvaluateConfig(Config):
 
 
 def _demo_export() -> ExportConfig:
-    return ExportConfig(mesh=MeshConfig(threshold=0.2), texture=TextureConfig(size=256))
+    return ExportConfig(field=FieldConfig(resolution=128), mesh=MeshConfig(threshold=0.2),
+                        texture=TextureConfig(size=256))  # fmt: skip
 
 
 @dataclass

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from microdreamer.config import FieldConfig
-from microdreamer.field.common import GridSpec, PreparedGaussians, prepare_gaussians
+from microdreamer.field.common import (
+    GridSpec,
+    PreparedGaussians,
+    auto_resolution,
+    prepare_gaussians,
+    resolve_resolution,
+)
 from microdreamer.field.torch_impl import density_field_torch
 from microdreamer.splat import Splat
 
@@ -28,9 +34,11 @@ __all__ = [
     "FieldConfig",
     "GridSpec",
     "PreparedGaussians",
+    "auto_resolution",
     "compute_field",
     "density_field",
     "prepare_gaussians",
+    "resolve_resolution",
 ]
 
 BACKENDS = ("auto", "torch", "cuda")
@@ -89,7 +97,8 @@ def density_field(
 
     Args:
         splat: N Gaussians (any device).
-        config: resolution, mode and their parameters (defaults: 128^3, exact mode).
+        config: resolution (a number, or ``"auto"``: :func:`auto_resolution`), mode and their
+            parameters (defaults: 128^3, exact mode).
         backend: ``"auto" | "torch" | "cuda"``.
         device: where to compute (defaults to the splat's device).
         progress: optional callable ``progress(done_fraction)`` (torch backend).
@@ -97,6 +106,7 @@ def density_field(
     config = config or FieldConfig()
     if device is not None:
         splat = splat.to(device)
+    config = resolve_resolution(splat, config)
     prepared, grid = prepare_gaussians(splat, config)
     values, chosen = compute_field(prepared, grid, config, backend, progress)
     return DensityField(values, grid, len(prepared), config.mode, chosen)

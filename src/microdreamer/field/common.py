@@ -118,6 +118,46 @@ class PreparedGaussians:
         )
 
 
+def auto_resolution(splat: Splat, config: FieldConfig) -> int:
+    """The grid resolution ``FieldConfig.resolution = "auto"`` stands for: the smallest of
+    :data:`~microdreamer.config.AUTO_RESOLUTIONS` whose grid spacing (in the splat's units, on the grid
+    ``prepare_gaussians`` would build) is at most the median of the kept Gaussians' largest scales, or
+    the largest of them. ``upstream`` mode: the smallest (DreamGaussian's 128).
+
+    A generated object (DreamGaussian, MicroDreamer) is a few thousand large Gaussians, resolved on the
+    coarsest grid; a real capture's surface is a thin layer of Gaussians far smaller than that grid's
+    voxel, which samples into holes and loses thin parts (``benchmarks/README.md``: mesh fidelity against
+    the grid).
+    """
+    from microdreamer.config import AUTO_RESOLUTIONS
+
+    if config.mode == "upstream":
+        return AUTO_RESOLUTIONS[0]
+    with torch.no_grad():
+        keep = splat.opacities().float() > config.min_opacity
+        if int(keep.sum()) < 2:
+            return AUTO_RESOLUTIONS[0]
+        means = splat.means[keep].double()
+        extent = float((means.amax(0) - means.amin(0)).amax())
+        largest = float(splat.scales()[keep].double().amax(-1).median())
+    if not (extent > 0.0 and largest > 0.0):
+        return AUTO_RESOLUTIONS[0]
+    for r in AUTO_RESOLUTIONS:
+        spacing = extent / config.extent_factor * 2.0 / (r - 1)  # GridSpec.spacing of this grid
+        if spacing <= largest:
+            return r
+    return AUTO_RESOLUTIONS[-1]
+
+
+def resolve_resolution(splat: Splat, config: FieldConfig) -> FieldConfig:
+    """``config`` with an ``"auto"`` resolution replaced by :func:`auto_resolution`'s choice."""
+    if config.resolution != "auto":
+        return config
+    from dataclasses import replace
+
+    return replace(config, resolution=auto_resolution(splat, config))
+
+
 def prepare_gaussians(splat: Splat, config: FieldConfig) -> tuple[PreparedGaussians, GridSpec]:
     """Filter by opacity, normalise into the grid's cube, apply the voxel filter (if any) and build
     the whitening transforms.
@@ -125,7 +165,12 @@ def prepare_gaussians(splat: Splat, config: FieldConfig) -> tuple[PreparedGaussi
     Runs on the splat's device; the geometry is computed in float64 and rounded to float32 once.
     When the kept centres have no extent (one Gaussian, or all at one point) the cube is sized to
     +-3 standard deviations of the largest Gaussian instead (upstream would divide by zero).
+    ``config.resolution`` must be a number (:func:`resolve_resolution` turns ``"auto"`` into one).
     """
+    if not isinstance(config.resolution, int):
+        raise ValueError(
+            f"resolution {config.resolution!r}: resolve it first (field.common.resolve_resolution)"
+        )
     with torch.no_grad():
         opac = splat.opacities().float()
         keep = opac > config.min_opacity

@@ -18,7 +18,15 @@ import torch
 
 from microdreamer.config import ExportConfig, FieldConfig, MeshConfig
 from microdreamer.errors import InputError
-from microdreamer.field import DensityField, GridSpec, PreparedGaussians, compute_field, prepare_gaussians
+from microdreamer.field import (
+    DensityField,
+    GridSpec,
+    PreparedGaussians,
+    compute_field,
+    prepare_gaussians,
+    resolve_resolution,
+)
+from microdreamer.field.carve import carve_field
 from microdreamer.field.iso import IsoLevel, resolve_iso_level
 from microdreamer.mesh import Mesh, extract_mesh, save_mesh
 from microdreamer.profiling import StageTimer
@@ -42,6 +50,7 @@ class ConvertResult:
     iso_level: float | None = None
     iso_method: str = "fixed"
     iso_iou: float | None = None
+    carve: dict | None = None
 
 
 @dataclass
@@ -72,6 +81,7 @@ class ExportResult:
             "field_backend": self.convert.backend,
             "iso_level": self.convert.iso_level,
             "iso_method": self.convert.iso_method,
+            "carve": self.convert.carve,
         }
 
 
@@ -129,9 +139,14 @@ def free_memory(device: torch.device) -> dict[str, int]:
     return free
 
 
-def check_grid_memory(resolution: int, device: torch.device, setting: str = "--resolution") -> None:
+def check_grid_memory(resolution: int | str, device: torch.device, setting: str = "--resolution") -> None:
     """InputError, before any work, when an R^3 grid would not fit the free memory of ``device`` (and
-    of the host, where the mesh stage runs), with the largest resolution that would."""
+    of the host, where the mesh stage runs), with the largest resolution that would. ``"auto"`` is
+    weighed as the largest grid it can choose (:data:`~microdreamer.config.AUTO_RESOLUTIONS`)."""
+    if resolution == "auto":
+        from microdreamer.config import AUTO_RESOLUTIONS
+
+        resolution = AUTO_RESOLUTIONS[-1]
     need, free = grid_memory(resolution, device), free_memory(device)
     short = [k for k in need if need[k] > MEMORY_SHARE * free[k]]
     if not short:
@@ -305,9 +320,13 @@ def splat_to_mesh(
     name: str = "splat",
     settings: dict[str, str] | None = None,
 ) -> ConvertResult:
-    """Density field on ``device`` (the fast CUDA kernel there, the tiled PyTorch path on the CPU),
-    then marching cubes and cleanup on the field where it is (``mesh_config.backend``: on a GPU the
-    PyTorch path, on the CPU scikit-image's), and optional decimation (stages ``field`` and ``mesh``).
+    """Density field on ``device`` (the fast CUDA kernel there, the tiled PyTorch path on the CPU) at
+    the configured resolution (``"auto"``: from the splat, :func:`~microdreamer.field.auto_resolution`),
+    the iso-level (``"auto"``: from the splat's alpha, stage ``iso``), silhouette carving in exact mode
+    (``mesh_config.carve`` directions, :mod:`microdreamer.field.carve`, stage ``carve``; with an auto
+    level the density is meshed at ``carve_level`` times it), then marching cubes and cleanup on the
+    field where it is (``mesh_config.backend``: on a GPU the PyTorch path, on the CPU scikit-image's),
+    and optional decimation (stages ``field`` and ``mesh``).
 
     Before any work the grid is weighed against the memory of ``device`` (:func:`check_grid_memory`);
     Gaussians too thin or too wide for float32 on this grid are clamped (:func:`prepare_field`).
@@ -318,6 +337,7 @@ def splat_to_mesh(
     """
     timer = timer or StageTimer()
     hints = {**SETTINGS, **(settings or {})}
+    field_config = resolve_resolution(splat, field_config)
     check_grid_memory(field_config.resolution, device, hints["resolution"])
     with timer.stage("field"):
         prepared, grid = prepare_field(splat.to(device), field_config, name)
@@ -331,7 +351,25 @@ def splat_to_mesh(
     if iso is None:
         with timer.stage("iso"), progress_stage("iso-level from the splat's alpha"):
             iso = resolve_iso_level("auto", splat.to(device), values, grid, field_config)
-        mesh_config = replace(mesh_config, threshold=iso.level)
+    carved = None
+    if mesh_config.carve and field_config.mode == "exact":
+        level = iso.level * (mesh_config.carve_level if iso.method == "auto" else 1.0)
+        with (
+            timer.stage("carve"),
+            progress_stage(f"carving to the splat's silhouettes from {mesh_config.carve} directions"),
+        ):
+            raw, _ = prepare_gaussians(splat.to(device), replace(field_config, voxel_filter=0.0))
+            result = carve_field(
+                values, raw, fld.grid, level, mesh_config.carve, axis_images=iso.column_alphas
+            )
+        if result.skipped is not None:
+            logger.warning("%s: silhouette carving skipped: %s", name, result.skipped)
+        else:
+            values = result.values
+            iso = replace(iso, level=level)
+        carved = {"directions": result.directions, "level": level, "inside_before": result.inside_before,
+                  "inside_after": result.inside_after, "skipped": result.skipped}  # fmt: skip
+    mesh_config = replace(mesh_config, threshold=iso.level)
     vmin, vmax = (float(v) for v in torch.aminmax(values))
     if not vmin <= mesh_config.threshold < vmax:
         raise no_surface_error(splat, fld, vmin, vmax, field_config, mesh_config, name, hints)
@@ -345,7 +383,7 @@ def splat_to_mesh(
             f"{mesh_config.threshold:g} (the density spans {vmin:.3g} to {vmax:.3g}); try another {hints['threshold']}"
         )
     return ConvertResult(mesh, len(splat), fld.num_gaussians, field_config.resolution, fld.backend, vmax, stats,
-                         iso.level, iso.method, iso.iou)  # fmt: skip
+                         iso.level, iso.method, iso.iou, carved)  # fmt: skip
 
 
 def export_mesh(
@@ -389,6 +427,7 @@ def export_mesh(
     say = stage or (lambda message: None)
     timer = timer or StageTimer()
     splat = upright(splat.to(device), config.up)
+    config = replace(config, field=resolve_resolution(splat, config.field))
     say(f"density field: {len(splat):,} Gaussians on a {config.field.resolution}^3 grid")
     conv = splat_to_mesh(
         splat, config.field, config.mesh, device, timer=timer, progress=progress, name=name, settings=settings
