@@ -44,7 +44,7 @@ DEFAULT_CASES = {
     "cuda": "ghost@128,creative@128,fruit@128,guitar@256,guitar@512,synth100k@256,synth500k@512,synth1M@512",
     "cpu": "ghost@128,creative@128,fruit@128,guitar@256",
 }
-STAGES = ("read", "field", "iso", "marching_cubes", "cleanup", "decimate_mesh", "decimate", "unwrap", "texels",
+STAGES = ("read", "field", "iso", "carve", "marching_cubes", "cleanup", "decimate_mesh", "decimate", "unwrap", "texels",
           "render", "rasterize", "project", "field_bake", "fill", "export")  # fmt: skip
 
 
@@ -106,6 +106,7 @@ def one_export(path: Path, out: Path, cfg, device: torch.device) -> dict:
         "read": read,
         "field": timer.seconds["field"],
         "iso": timer.seconds.get("iso", 0.0),
+        "carve": timer.seconds.get("carve", 0.0),
         "marching_cubes": mesh_s.get("marching_cubes", 0.0),
         "cleanup": mesh_s.get("cleanup", 0.0),
         "decimate_mesh": mesh_s.get("decimate", 0.0),

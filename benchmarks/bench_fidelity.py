@@ -1,20 +1,25 @@
 """Fidelity of the splat -> mesh conversion: does the mesh look like its splat?
 
-    python benchmarks/bench_fidelity.py [--splats creative ghost fruit guitar shell] [--resolution 256 ...]
-        [--voxel-filter default 0 ...] [--iso auto 1.0 0.2 ...] [--texture field|bake|none]
-        [--texture-size 1024] [--bake-size 512] [--refine STEPS] [--views 8] [--size 256] [--device cpu|cuda] [--name NAME]
+    python benchmarks/bench_fidelity.py [--splats creative ghost fruit guitar shell] [--resolution auto 256 ...]
+        [--voxel-filter default 0 ...] [--iso auto 1.0 0.2 ...] [--carve 24 0 ...] [--carve-level 0.5 ...]
+        [--texture field|bake|none] [--texture-size 1024] [--bake-size 512] [--refine STEPS] [--views 8]
+        [--size 256] [--device cpu|cuda] [--name NAME]
 
-For each splat and each combination of ``--resolution`` x ``--voxel-filter`` x ``--iso``: the density
-field (exact mode; ``--voxel-filter`` sets ``FieldConfig.voxel_filter``, ``default`` = the mode's
-default), the iso-level (a number, or ``auto``: :func:`microdreamer.field.iso.auto_iso_level`), the
-mesh stage (marching cubes and cleanup at the defaults), the texture stage (``--texture``; the default
-50k-face cap), then renders of the mesh and of the splat from ``--views`` shared cameras around the
-object (framed on the splat as ``microdreamer render`` frames it: azimuths evenly spread, elevations
-cycling 0, -30, 0, 30 degrees; white background; the mesh with 2x supersampling) and:
+For each splat and each combination of ``--resolution`` x ``--voxel-filter`` x ``--iso`` x ``--carve`` x
+``--carve-level``: the export's own mesh stages (:func:`microdreamer.jobs.export.splat_to_mesh`: the
+density field in exact mode, the iso-level, silhouette carving, marching cubes and cleanup at the
+defaults), the texture stage (``--texture``; the default 50k-face cap), then renders of the mesh and of
+the splat from ``--views`` held-out cameras around the object (framed on the splat as ``microdreamer
+render`` frames it; azimuths 22.5 + 360 k / views degrees, elevations cycling 10, -25, -10, 25 degrees,
+so that no camera is one the export itself renders; white background; the mesh with 2x supersampling)
+and:
 
-* silhouette IoU: mesh coverage (alpha > 0.5) against the splat's alpha > 0.5, per view, mean and min;
+* silhouette IoU: mesh coverage (alpha > 0.5) against the splat's alpha > 0.5, per view, mean and min,
+  and the pixels each covers alone;
 * PSNR of the textured mesh against the splat's renders over the object's pixels (either alpha > 0.5),
-  mean over views (not with ``--texture none``);
+  mean over views (not with ``--texture none``), and over the pixels both cover;
+* the silhouette's bound on that PSNR: the same measure of the mesh's coverage filled with the splat's
+  own (un-premultiplied) colours, i.e. what a perfect texture would reach on this geometry;
 * faces, seconds per stage.
 
 Splats: the four samples of ``../shared/samples/splats`` (``creative``, ``ghost``: DreamGaussian
@@ -159,14 +164,16 @@ def load_splat(name: str):
 
 
 def eval_cameras(splat, views: int, size: int):
-    """The shared cameras: framed on the splat (turntable's framing), azimuths 360 k / views, elevations
-    cycling 0, -30, 0, 30 degrees."""
+    """The held-out cameras: framed on the splat (turntable's framing), azimuths 22.5 + 360 k / views
+    degrees, elevations cycling 10, -25, -10, 25 degrees: none of them is a view the export renders (the
+    bake's rings at 0 and +-45 degrees every 45 degrees from azimuth 0, and its poles); the carving's
+    directions are orthographic and fixed in the grid's frame."""
     from microdreamer.jobs.turntable import splat_framing
     from microdreamer.texture.bake import centred_orbit_cameras
 
     center, radius = splat_framing(splat)
-    az = torch.tensor([360.0 * k / views for k in range(views)])
-    el = torch.tensor([(0.0, -30.0, 0.0, 30.0)[k % 4] for k in range(views)])
+    az = torch.tensor([22.5 + 360.0 * k / views for k in range(views)])
+    el = torch.tensor([(10.0, -25.0, -10.0, 25.0)[k % 4] for k in range(views)])
     return centred_orbit_cameras(el, az, center, radius, 49.1, size, 1.1)
 
 
@@ -210,64 +217,39 @@ def labelled(image: np.ndarray, text: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------ one setting
-def run_setting(
-    splat, fld_cache, ref, cams, resolution, voxel_filter, iso, args, device
-) -> tuple[dict, np.ndarray]:
-    from microdreamer.field import FieldConfig, density_field
-    from microdreamer.field.iso import resolve_iso_level
-    from microdreamer.mesh import MeshConfig, extract_mesh
+def run_setting(splat, ref, cams, setting, args, device) -> tuple[dict, np.ndarray]:
+    """One (resolution, voxel filter, iso, carve, carve level) setting through the export's own stages:
+    :func:`microdreamer.jobs.export.splat_to_mesh` (field, iso-level, carving, marching cubes, cleanup),
+    then :func:`microdreamer.texture.texture_mesh`; renders of the mesh from ``cams`` against ``ref``."""
+    from microdreamer.field import FieldConfig
+    from microdreamer.jobs.export import splat_to_mesh
+    from microdreamer.mesh import MeshConfig
+    from microdreamer.profiling import StageTimer
     from microdreamer.render.mesh import render_mesh
 
-    seconds = {}
-    cfg = FieldConfig(
-        resolution=resolution, voxel_filter=None if voxel_filter == "default" else float(voxel_filter)
+    resolution, voxel_filter, iso, carve, carve_level = setting
+    fcfg = FieldConfig(resolution=resolution if resolution == "auto" else int(resolution),
+                       voxel_filter=None if voxel_filter == "default" else float(voxel_filter))  # fmt: skip
+    mcfg = MeshConfig(
+        threshold=iso if iso == "auto" else float(iso), carve=int(carve), carve_level=float(carve_level)
     )
-    key = (resolution, voxel_filter)
-    if key not in fld_cache:
-        fld_cache.clear()  # one field at a time (memory)
-        t = time.perf_counter()
-        fld = density_field(splat, cfg, device=device)
-        values = fld.values
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        fld_cache[key] = (fld, time.perf_counter() - t)
-    fld, seconds["field"] = fld_cache[key]
-    t = time.perf_counter()
-    level = resolve_iso_level(
-        iso if iso == "auto" else float(iso), splat.to(device), fld.values, fld.grid, cfg
-    )
-    seconds["iso"] = time.perf_counter() - t
-    values = fld.values.cpu()
-    row = {
-        "resolution": resolution,
-        "voxel_filter": voxel_filter,
-        "filter_variance": cfg.filter_variance,
-        "iso": iso,
-        "level": level.level,
-        "predicted_iou": level.iou,
-        "predicted_iou_per_axis": level.iou_per_axis,
-        "field_max": float(values.max()),
-    }
-    if not float(values.max()) > level.level:
-        row.update(faces=0, iou_mean=0.0, iou_min=0.0, seconds=seconds, note="field below the level")
+    timer = StageTimer()
+    row = {"resolution": resolution, "voxel_filter": voxel_filter, "iso": iso, "carve": int(carve),
+           "carve_level": float(carve_level)}  # fmt: skip
+    try:
+        conv = splat_to_mesh(splat.to(device), fcfg, mcfg, device, timer=timer)
+    except Exception as exc:  # a setting with no surface is a result, not a crash
+        row.update(faces=0, iou_mean=0.0, iou_min=0.0, seconds=timer.seconds, note=str(exc))
         return row, None
-    t = time.perf_counter()
-    mesh, stats = extract_mesh(
-        values.numpy(), fld.grid.origin, fld.grid.spacing, MeshConfig(threshold=level.level)
-    )
-    seconds["mesh"] = time.perf_counter() - t
-    row["faces_mesh"] = mesh.num_faces
-    row["components"] = stats["components"]
-    row["components_removed"] = stats["components_removed"]
-    if mesh.is_empty:
-        row.update(faces=0, iou_mean=0.0, iou_min=0.0, seconds=seconds, note="empty mesh")
-        return row, None
+    mesh = conv.mesh
+    row.update(grid=conv.resolution, level=conv.iso_level, predicted_iou=conv.iso_iou, carved=conv.carve,
+               faces_mesh=mesh.num_faces, components=conv.mesh_stats.get("components"),
+               components_removed=conv.mesh_stats.get("components_removed"))  # fmt: skip
+    seconds = dict(timer.seconds)
     if args.texture != "none":
-        from microdreamer.texture import TextureConfig, texture_mesh
+        from microdreamer.texture import BakeConfig, BakeViewsConfig, TextureConfig, texture_mesh
 
         t = time.perf_counter()
-        from microdreamer.texture import BakeConfig, BakeViewsConfig
-
         tcfg = TextureConfig(mode=args.texture, size=args.texture_size)
         if args.bake_size is not None:
             tcfg.bake = BakeConfig(views=BakeViewsConfig(size=args.bake_size))
@@ -284,27 +266,46 @@ def run_setting(
     row["iou_per_view"] = [round(float(x), 4) for x in iou]
     row["iou_mean"] = float(iou.mean())
     row["iou_min"] = float(iou.min())
+    a, b = mesh_alpha[..., 0] > 0.5, ref["alpha"][..., 0] > 0.5
+    row["mesh_only_pixels"], row["splat_only_pixels"] = int((a & ~b).sum()), int((b & ~a).sum())
+    union = (a | b).float()
+    # the silhouette's bound: the mesh's coverage with the splat's own (un-premultiplied) colours, the
+    # PSNR a perfect texture would reach on this geometry
+    splat_colour = ((ref["rgb"] - (1.0 - ref["alpha"])) / ref["alpha"].clamp_min(1e-4)).clamp(0.0, 1.0)
+    bound = mesh_alpha * splat_colour + (1.0 - mesh_alpha)
+    row["psnr_silhouette_bound"] = float(object_psnr(bound, ref["rgb"], union).mean())
     if args.texture != "none":
-        mask = ((mesh_alpha[..., 0] > 0.5) | (ref["alpha"][..., 0] > 0.5)).float()
-        p = object_psnr(mesh_rgb, ref["rgb"], mask)
+        p = object_psnr(mesh_rgb, ref["rgb"], union)
         row["psnr_per_view"] = [round(float(x), 3) for x in p]
         row["psnr_mean"] = float(p.mean())
+        row["psnr_both"] = float(object_psnr(mesh_rgb, ref["rgb"], (a & b).float()).mean())
     row["seconds"] = seconds
-    label = f"R{resolution} filter {voxel_filter} iso {iso} -> {level.level:.4g}: IoU {row['iou_mean']:.3f}"
+    label = (f"R{conv.resolution} carve {carve}x{carve_level} iso {iso} -> {conv.iso_level:.4g}: "
+             f"IoU {row['iou_mean']:.3f}, bound {row['psnr_silhouette_bound']:.1f}")  # fmt: skip
     if "psnr_mean" in row:
         label += f", PSNR {row['psnr_mean']:.2f}"
     return row, labelled(contact_rows(ref["rgb"], mesh_rgb), label)
+
+
+def _line(name: str, row: dict) -> str:
+    psnr = f"{row['psnr_mean']:6.2f}" if "psnr_mean" in row else "     -"
+    secs = ", ".join(f"{k} {v:.2f}" for k, v in row["seconds"].items())
+    return (f"{name:<9} R{row.get('grid', row['resolution'])!s:<4} carve {row['carve']:>2} x{row['carve_level']:<4} "
+            f"level {row.get('level') or 0:<8.4g} IoU {row['iou_mean']:.3f} (min {row['iou_min']:.3f}) "
+            f"bound {row.get('psnr_silhouette_bound', 0):5.2f} PSNR {psnr} faces {row.get('faces', 0):>7}  s: {secs}")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--splats", nargs="+", default=["creative", "ghost", "fruit", "guitar", "shell"],
                     choices=[*SAMPLE_FILES, "shell"])  # fmt: skip
-    ap.add_argument("--resolution", type=int, nargs="+", default=[256])
+    ap.add_argument("--resolution", nargs="+", default=["auto"], help="grid points per axis, or auto")
     ap.add_argument(
         "--voxel-filter", nargs="+", default=["default"], help="default or squared voxels, e.g. 0"
     )
     ap.add_argument("--iso", nargs="+", default=["auto"], help="auto or a density level")
+    ap.add_argument("--carve", nargs="+", default=["24"], help="carving directions (0: off)")
+    ap.add_argument("--carve-level", nargs="+", default=["0.5"], help="MeshConfig.carve_level values")
     ap.add_argument("--texture", choices=["field", "bake", "none"], default="field")
     ap.add_argument("--texture-size", type=int, default=1024)
     ap.add_argument(
@@ -338,17 +339,15 @@ def main() -> None:
         ref = {"rgb": r.rgb.cpu().float(), "alpha": r.alpha.cpu().float()}
         render_seconds = time.perf_counter() - t
         rows, sheets = [], []
-        fld_cache: dict = {}
-        for res, vf, iso in itertools.product(args.resolution, args.voxel_filter, args.iso):
-            row, sheet = run_setting(splat, fld_cache, ref, cams, res, vf, iso, args, device)
+        grid = itertools.product(args.resolution, args.voxel_filter, args.iso, args.carve, args.carve_level)
+        for setting in grid:
+            if int(setting[3]) == 0 and setting[4] != args.carve_level[0]:
+                continue  # the carve level means nothing without carving
+            row, sheet = run_setting(splat, ref, cams, setting, args, device)
             rows.append(row)
             if sheet is not None:
                 sheets.append(sheet)
-            psnr = f"{row['psnr_mean']:6.2f}" if "psnr_mean" in row else "     -"
-            secs = ", ".join(f"{k} {v:.1f}" for k, v in row["seconds"].items())
-            print(f"{name:<9} R{res:<4} filter {vf:<8} iso {iso:<5} level {row['level']:<8.4g} "
-                  f"IoU {row['iou_mean']:.3f} (min {row['iou_min']:.3f}) PSNR {psnr} "
-                  f"faces {row.get('faces', 0):>7}  s: {secs}", flush=True)  # fmt: skip
+            print(_line(name, row), flush=True)
         results[name] = {
             "gaussians": len(splat),
             "render_splat_seconds": render_seconds,
@@ -362,14 +361,9 @@ def main() -> None:
         "bake_size": args.bake_size, "refine_steps": args.refine,
         "device": args.device, "results": results,
     })  # fmt: skip
-    print(
-        f"{'splat':<9} {'R':>4} {'filter':>8} {'iso':>5} {'level':>8} {'IoU':>6} {'min':>6} {'PSNR':>6} {'faces':>7}"
-    )
     for name, res in results.items():
         for row in res["settings"]:
-            psnr = f"{row['psnr_mean']:6.2f}" if "psnr_mean" in row else "     -"
-            print(f"{name:<9} {row['resolution']:>4} {row['voxel_filter']!s:>8} {row['iso']!s:>5} "
-                  f"{row['level']:>8.4g} {row['iou_mean']:>6.3f} {row['iou_min']:>6.3f} {psnr} {row.get('faces', 0):>7}")  # fmt: skip
+            print(_line(name, row))
     print(f"wrote {out_dir / f'fidelity_{args.name}.json'}")
 
 

@@ -119,6 +119,25 @@ def level_sweep(splat, gt, levels, device) -> dict:
     return sweep
 
 
+def export_variants(splat, gt, device) -> dict:
+    """Mesh metrics of one splat meshed as the export meshes it (:func:`splat_to_mesh`: iso-level auto),
+    with and without silhouette carving, at the auto and the 128^3 grid."""
+    from microdreamer.field import FieldConfig
+    from microdreamer.jobs.export import splat_to_mesh
+    from microdreamer.mesh import MeshConfig
+    from microdreamer.metrics import mesh_metrics
+
+    out = {}
+    for resolution in ("auto", 128):
+        for carve, level in ((0, 1.0), (24, 0.5), (24, 0.75), (24, 1.0)):
+            key = f"R{resolution}_carve{carve}_level{level}"
+            conv = splat_to_mesh(splat.to(device), FieldConfig(resolution=resolution),
+                                 MeshConfig(threshold="auto", carve=carve, carve_level=level), torch.device(device))  # fmt: skip
+            out[key] = {"grid": conv.resolution, "iso_level": conv.iso_level, "faces": conv.mesh.num_faces,
+                        **mesh_metrics(conv.mesh, gt, n=100_000, tau_fractions=(0.01,))}  # fmt: skip
+    return out
+
+
 def bench_sweep(args) -> dict:
     """Re-mesh a saved splat (e.g. the H200 spot reconstruction) at several iso-levels."""
     from microdreamer.data import load_dataset
@@ -169,6 +188,7 @@ def bench_spot(args) -> dict:
     from microdreamer.splat import read_ply
 
     sweep = level_sweep(read_ply(out_dir / "splat.ply"), gt, args.levels, device)
+    variants = export_variants(read_ply(out_dir / "splat.ply"), gt, device)
     result = {
         "render_views_s": t_views,
         "psnr_held_out": metrics["psnr"],
@@ -179,6 +199,7 @@ def bench_spot(args) -> dict:
         "mesh": metrics["mesh"],
         "mesh_metrics": mm,
         "mesh_metrics_by_threshold": sweep,
+        "mesh_metrics_by_export_setting": variants,
         "densify_grad_threshold": metrics["densify_grad_threshold"],
         "densify_grad_threshold_3dgs": args.grad_3dgs,
         "opacity_reset_interval": args.reset,
