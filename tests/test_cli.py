@@ -279,6 +279,43 @@ def test_splat_input_is_read_before_torch_is_imported(tmp_path, command, output,
     assert out.stat().st_size > 0
 
 
+GENERATE_READ_PROBE = """
+import builtins, os, sys
+target, real_open = os.path.realpath(sys.argv[1]), builtins.open
+def spy(file, *a, **k):
+    if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == target:
+        heavy = ("diffusers", "transformers", "torch._dynamo")
+        print("modules at the first read:", sorted(m for m in heavy if m in sys.modules), flush=True)
+        raise SystemExit(0)
+    return real_open(file, *a, **k)
+builtins.open = spy
+from microdreamer.cli import main
+main(sys.argv[2:])
+print("the input was never read")
+"""
+
+
+def test_generate_reads_its_input_before_the_model_libraries_are_imported(tmp_path):
+    """Start-up: ``generate`` opens its image before diffusers and transformers (seconds of imports, with
+    torch._dynamo) are loaded, so a bad input fails fast and the input's first byte comes early. A fresh
+    interpreter spies on open(), records what was imported at the image's first open and stops there."""
+    image = sample("images/ghost_rgba.png")
+    args = [
+        "generate",
+        str(image),
+        "-o",
+        str(tmp_path / "out"),
+        "--random-weights",
+        "tiny",
+        "--device",
+        "cpu",
+    ]
+    proc = subprocess.run([sys.executable, "-c", GENERATE_READ_PROBE, str(image), *args],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "modules at the first read: []"
+
+
 def test_render_views_command(tmp_path, capsys):
     import json
 

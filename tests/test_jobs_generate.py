@@ -335,3 +335,25 @@ def test_stage2_on_cuda_after_warmup_captures_no_new_graph_and_is_deterministic(
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01
     views, _, targets = prior.calls[0]
     assert _mse_to(a, views, targets.cpu()) < 0.8 * _mse_to(start, views, targets.cpu())
+
+
+# ------------------------------------------------------------------------------------------------ start-up
+def test_device_initialisation_is_a_no_op_off_cuda():
+    from microdreamer.jobs.generate import initialise_device
+
+    assert initialise_device(torch.device("cpu")) is None
+
+
+@pytest.mark.cuda
+def test_device_initialisation_draws_no_random_numbers():
+    """The background CUDA initialisation (context, cuBLAS, cuDNN, attention) leaves the device's random
+    state as it found it: a seeded generation gives the same noise with or without it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from microdreamer.jobs.generate import initialise_device
+
+    device = torch.device("cuda")
+    state = torch.cuda.get_rng_state(device)
+    thread = initialise_device(device)
+    thread.join()
+    assert torch.equal(torch.cuda.get_rng_state(device), state)

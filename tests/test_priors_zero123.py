@@ -142,6 +142,24 @@ def test_camera_embedding_kind_auto_follows_the_model_name():
 
 
 # ------------------------------------------------------------------------------------------------ DDIM
+@pytest.mark.parametrize("spacing, offset", [("leading", 1), ("leading", 0), ("trailing", 0)])
+@pytest.mark.parametrize("train_steps", [1000, 999, 7])
+def test_ddim_grid_is_diffusers_grid(spacing, offset, train_steps):
+    """grid_timesteps computes diffusers' DDIMScheduler / DDIMInverseScheduler grids without diffusers, for
+    every step count (odd ones included: trailing spacing rounds float multiples of T / steps)."""
+    from diffusers import DDIMInverseScheduler, DDIMScheduler
+
+    from microdreamer.priors.ddim import grid_timesteps
+
+    for steps in range(1, min(train_steps, 120) + 1):
+        cfg = DDIMConfig(num_train_timesteps=train_steps, num_inference_steps=steps, timestep_spacing=spacing,
+                         steps_offset=offset)  # fmt: skip
+        for inverse, cls in ((False, DDIMScheduler), (True, DDIMInverseScheduler)):
+            scheduler = cls(**cfg.scheduler_kwargs())
+            scheduler.set_timesteps(steps)
+            assert grid_timesteps(cfg, inverse) == [int(t) for t in scheduler.timesteps], (steps, inverse)
+
+
 def test_ddim_schedule_is_microdreamers():
     dd = DDIMRoundTrip()
     assert dd.timesteps == list(range(951, 0, -50))  # leading spacing, steps_offset 1, 20 steps

@@ -209,17 +209,18 @@ class GenerateJob(BatchJob):
         t = time.perf_counter()
         from microdreamer.config import GenerateConfig
         from microdreamer.jobs import resolve_device
-        from microdreamer.jobs.generate import PRELOAD_MODULES, build_prior
+        from microdreamer.jobs.generate import PRELOAD_MODULES, build_prior, initialise_device
 
         cfg = self.config or GenerateConfig()
         seconds = {"import_torch": time.perf_counter() - t}
         t = time.perf_counter()
+        self._device = resolve_device(self.device)
+        initialise_device(self._device)  # in the shadow of the imports below
         _import_quietly(
             ("diffusers.models.autoencoders", "diffusers.models.unets", "transformers.models.clip")
         )
         seconds["import_diffusers"] = time.perf_counter() - t
         t = time.perf_counter()
-        self._device = resolve_device(self.device)
         self._prior = build_prior(cfg.prior, self._device, self.model, self.random_weights, cfg.sir.seed)
         seconds["load_model"] = _lap(t, self._device)
         t = time.perf_counter()

@@ -186,6 +186,30 @@ def _preload(names: tuple[str, ...] = PRELOAD_MODULES) -> threading.Thread | Non
     return thread
 
 
+def initialise_device(device: torch.device) -> threading.Thread | None:
+    """On a CUDA device, create its context and load cuBLAS, cuDNN and the attention kernels in a daemon
+    thread (a tiny matmul, convolution and attention on zeros; no random numbers drawn), and return it;
+    None on other devices. The driver and library loads run with the interpreter's lock released, so
+    they overlap the model's imports (seconds of Python) instead of following them."""
+    if device.type != "cuda":
+        return None
+
+    def run() -> None:
+        try:
+            x = torch.zeros(1, 8, 8, 8, device=device, dtype=torch.float16)
+            x.flatten(1) @ torch.zeros(512, 8, device=device, dtype=torch.float16)
+            torch.nn.functional.conv2d(x, torch.zeros(8, 8, 3, 3, device=device, dtype=x.dtype), padding=1)
+            q = torch.zeros(1, 1, 16, 64, device=device, dtype=x.dtype)
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+            torch.cuda.synchronize(device)
+        except Exception as e:  # the same calls fail later, where the model needs them
+            logger.debug("initialising %s in the background failed: %r", device, e)
+
+    thread = threading.Thread(target=run, name="microdreamer-device", daemon=True)
+    thread.start()
+    return thread
+
+
 def generate(
     image_path: str | os.PathLike | None,
     out_dir: str | os.PathLike,
@@ -237,6 +261,8 @@ def generate(
     start = time.perf_counter()
     timer = StageTimer()
     _preload()  # not joined: it only helps when it finishes in the shadow of the GPU work
+    if not isinstance(model, Prior):  # not joined either: the model's first CUDA calls wait for it
+        initialise_device(device)
 
     say = stage or (lambda message: None)
     prepared = input_path = None

@@ -21,6 +21,7 @@ Latents are float32 here whatever the network's precision; the noise predictor c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -31,26 +32,64 @@ from microdreamer.config import DDIMConfig
 NoisePredictor = Callable[[torch.Tensor, int], torch.Tensor]
 
 
+def grid_timesteps(config: DDIMConfig, inverse: bool = False) -> list[int]:
+    """The timestep grid of diffusers' ``DDIMScheduler.set_timesteps`` (``inverse``: of
+    ``DDIMInverseScheduler.set_timesteps``) for ``config``, computed as they compute it (NumPy), without
+    importing diffusers: descending, e.g. [951, 901, ..., 1] (``inverse``: ascending)."""
+    import numpy as np
+
+    T, n = config.num_train_timesteps, config.num_inference_steps
+    if config.timestep_spacing == "leading":
+        ratio = T // n
+        grid = (np.arange(0, n) * ratio).round()
+        grid = (grid if inverse else grid[::-1]).copy().astype(np.int64) + config.steps_offset
+    elif config.timestep_spacing == "trailing":
+        ratio = T / n
+        grid = np.arange(T, 0, -ratio)
+        grid = np.round(grid[::-1] if inverse else grid).astype(np.int64) - 1
+    else:
+        raise ValueError(f"timestep_spacing {config.timestep_spacing!r}: use leading or trailing")
+    return [int(t) for t in grid]
+
+
 class DDIMRoundTrip:
-    """Forward noising, DDIM inversion and DDIM denoising on one timestep grid (diffusers' schedulers)."""
+    """Forward noising, DDIM inversion and DDIM denoising on one timestep grid (diffusers' schedulers).
+
+    The grid is known at construction (:func:`grid_timesteps`); diffusers is imported and its schedulers
+    are built on first use (:attr:`scheduler`, :attr:`inverse`), so planning a run imports nothing heavy.
+    """
 
     def __init__(self, config: DDIMConfig | None = None) -> None:
-        from diffusers import DDIMInverseScheduler, DDIMScheduler
-
         self.config = config or DDIMConfig()
-        kw = self.config.scheduler_kwargs()
-        self.scheduler = DDIMScheduler(**kw)
-        self.scheduler.set_timesteps(self.config.num_inference_steps)
-        self.inverse = DDIMInverseScheduler(**kw)
-        self.inverse.set_timesteps(self.config.num_inference_steps)
         #: descending grid timesteps, e.g. [951, 901, ..., 1]
-        self.timesteps: list[int] = [int(t) for t in self.scheduler.timesteps]
+        self.timesteps: list[int] = grid_timesteps(self.config)
         self.step_size = self.config.num_train_timesteps // self.config.num_inference_steps
-        up = [int(t) for t in self.inverse.timesteps]
+        up = grid_timesteps(self.config, inverse=True)
         if up != sorted(self.timesteps):
             raise ValueError(f"inverse grid {up} differs from the denoising grid {self.timesteps}")
         if any(b - a != self.step_size for a, b in zip(up[:-1], up[1:], strict=True)):
             raise ValueError(f"DDIM inversion needs an evenly spaced grid; got {up}")
+
+    @functools.cached_property
+    def scheduler(self):
+        """diffusers' ``DDIMScheduler`` on :attr:`timesteps` (built on first use)."""
+        from diffusers import DDIMScheduler
+
+        return self._on_grid(DDIMScheduler(**self.config.scheduler_kwargs()), self.timesteps)
+
+    @functools.cached_property
+    def inverse(self):
+        """diffusers' ``DDIMInverseScheduler`` on :attr:`timesteps`, ascending (built on first use)."""
+        from diffusers import DDIMInverseScheduler
+
+        return self._on_grid(DDIMInverseScheduler(**self.config.scheduler_kwargs()), sorted(self.timesteps))
+
+    def _on_grid(self, scheduler, expected: list[int]):
+        scheduler.set_timesteps(self.config.num_inference_steps)
+        got = [int(t) for t in scheduler.timesteps]
+        if got != expected:
+            raise ValueError(f"{type(scheduler).__name__}'s grid {got} differs from {expected}")
+        return scheduler
 
     @property
     def T(self) -> int:
