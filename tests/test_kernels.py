@@ -71,6 +71,43 @@ def test_loader_without_cuda_raises_a_clear_error():
         _backend.load()
 
 
+def test_build_folder_is_named_by_everything_the_binary_depends_on(tmp_path, monkeypatch):
+    """One folder per build: a changed source (or header) gives another folder, the same ones the same;
+    TORCH_EXTENSIONS_DIR is honoured."""
+    import shutil
+
+    from microdreamer.kernels import _backend
+
+    csrc = tmp_path / "csrc"
+    shutil.copytree(_backend.CSRC, csrc)
+    monkeypatch.setattr(_backend, "CSRC", csrc)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    first = _backend.build_folder()
+    assert first.parent == tmp_path / "ext" and first.name.startswith(_backend.EXTENSION_NAME + "-")
+    assert _backend.build_folder() == first
+    header = next(csrc.glob("*.h"))
+    header.write_text(header.read_text() + "\n// changed\n")
+    assert _backend.build_folder() != first
+    assert not (tmp_path / "ext").exists()  # finding the folder creates nothing
+
+
+@pytest.mark.cuda
+def test_a_finished_build_is_imported_without_cpp_extension():
+    """After the first load, a fresh interpreter imports the finished build directly."""
+    import subprocess
+    import sys
+
+    from microdreamer.kernels import _backend
+
+    _backend.load()
+    assert (_backend.build_folder() / _backend.FINISHED).is_file()
+    code = (
+        "import sys; from microdreamer.kernels import _backend; m = _backend.load(); "
+        "assert 'torch.utils.cpp_extension' not in sys.modules; assert hasattr(m, 'carve_alpha')"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # ----------------------------------------------------------------------------------------------
 # extract_fields against the float64 reference
 # ----------------------------------------------------------------------------------------------
