@@ -89,7 +89,9 @@ def splat_render_fn(splat, backend: str = "auto") -> RenderFn:
 
     def fn(cameras: Cameras) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            out = render(splat, cameras.to(splat.device), background=(0.0, 0.0, 0.0), backend=backend)
+            out = render(
+                splat, cameras.to(splat.device), background=(0.0, 0.0, 0.0), backend=backend, depth=False
+            )
         return out.rgb.float(), out.alpha.float()
 
     return fn
