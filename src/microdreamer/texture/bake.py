@@ -188,14 +188,23 @@ def _accumulate(
     config: BakeConfig,
     num: torch.Tensor,
     den: torch.Tensor,
+    compact: bool | None = None,
 ) -> None:
     """Add the weighted colours of c views to num [T, 3] and den [T] (in place).
 
     rgba: [c H W, 4] premultiplied colour and alpha of the renders; depth: [c H W] camera-space z of
-    the mesh raster, +inf where the mesh does not cover the pixel. All c x T (view, texel) pairs are
-    evaluated with masks, not compacted: no host synchronisation.
+    the mesh raster, +inf where the mesh does not cover the pixel.
+
+    compact: after the cheap tests (facing, in front, inside the image), evaluate the rest only for
+    the (view, texel) pairs that passed and scatter their weights and colours back: the same
+    operations on the same values, so the same sums to the bit (on the ghost's bake, a third of the
+    pairs pass). Its ``nonzero`` synchronises with the host, so on a GPU all c x T pairs are
+    evaluated with masks instead. None = compact on the CPU.
     """
+    if compact is None:
+        compact = rgba.device.type == "cpu"
     c, H, W = len(cams), cams.height, cams.width
+    T = len(samples)
     R, t = cams.viewmats[:, :3, :3], cams.viewmats[:, :3, 3]  # [c, 3, 3], [c, 3]
     fx_, fy_ = cams.Ks[:, 0, 0, None], cams.Ks[:, 1, 1, None]  # [c, 1]
     cx_, cy_ = cams.Ks[:, 0, 2, None], cams.Ks[:, 1, 2, None]
@@ -211,23 +220,75 @@ def _accumulate(
     y = fy_ * pc[..., 1] / zs + cy_ - 0.5
     ok = (cos > config.cos_threshold) & (cos > 0) & (z > cams.near)
     ok &= (x >= 0) & (y >= 0) & (x <= W - 1) & (y <= H - 1)
+    view = torch.arange(c, device=z.device)[:, None].expand(c, T)
+    fy_t = fy_.expand(c, T)
+    if compact:
+        pairs = torch.nonzero(ok.reshape(-1)).squeeze(1)  # flat (view, texel)
+
+        def take(v: torch.Tensor) -> torch.Tensor:
+            return v.reshape(-1).index_select(0, pairs)
+
+        cos, z, x, y, view, fy_t = (take(v) for v in (cos, z, x, y, view, fy_t))
+        weight, colour, ok_p = _pair_colours(cos, z, x, y, view, fy_t, H, W, rgba, depth, config)
+        weight = (
+            torch.zeros(c * T, device=z.device, dtype=weight.dtype).index_copy_(0, pairs, weight).view(c, T)
+        )
+        colour = torch.where(ok_p[:, None], colour, 0.0)
+        colour = torch.zeros(c * T, 3, device=z.device, dtype=colour.dtype).index_copy_(0, pairs, colour)
+        colour = colour.view(c, T, 3)
+    else:
+        weight, colour, ok_all = _pair_colours(cos, z, x, y, view, fy_t, H, W, rgba, depth, config, ok)
+        colour = torch.where(ok_all[..., None], colour, 0.0)
+    num += (weight[..., None] * colour).sum(dim=0)
+    den += weight.sum(dim=0)
+
+
+def _pair_colours(
+    cos: torch.Tensor,
+    z: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    view: torch.Tensor,
+    fy: torch.Tensor,
+    H: int,
+    W: int,
+    rgba: torch.Tensor,
+    depth: torch.Tensor,
+    config: BakeConfig,
+    ok: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Visibility, the bilinear lookup and the blending weight of (view, texel) pairs, any shape S.
+
+    Args:
+        cos, z: [S] the texel's facing cosine and camera depth; x, y: [S] its continuous pixel index
+            (inside the image); view: [S] int64 its view; fy: [S] that view's focal length in pixels.
+        rgba: [c H W, 4]; depth: [c H W] (see :func:`_accumulate`).
+        ok: [S] bool, the pairs that passed the cheap tests (None: all of them).
+
+    Returns:
+        (weight [S], 0 where not ok; colour [S, 3], undefined where not ok; ok [S] bool).
+    """
     x0 = x.nan_to_num(0.0).clamp(0, max(W - 2, 0)).floor().long()
     y0 = y.nan_to_num(0.0).clamp(0, max(H - 2, 0)).floor().long()
-    fx, fy = (x - x0).clamp(0, 1), (y - y0).clamp(0, 1)
+    fx, fy_frac = (x - x0).clamp(0, 1), (y - y0).clamp(0, 1)
     # depth tolerance: the surface's depth change over 1.5 pixels at this slope, plus depth_eps
     cpos = cos.clamp_min(1e-6)
     tan = (1.0 - cpos * cpos).clamp_min(0.0).sqrt() / cpos
-    tol = z * (config.depth_eps + 1.5 * tan / fy_.abs())
-    base = (torch.arange(c, device=z.device)[:, None] * H + y0) * W + x0
+    tol = z * (config.depth_eps + 1.5 * tan / fy.abs())
+    base = (view * H + y0) * W + x0
     x1 = (x0 + 1).clamp(max=W - 1) - x0
     y1 = ((y0 + 1).clamp(max=H - 1) - y0) * W
-    pix = torch.stack([base, base + x1, base + y1, base + y1 + x1], dim=-1)  # [c, T, 4]
-    ok &= ((depth[pix] - z[..., None]).abs() <= tol[..., None]).all(dim=-1)  # inf depth: not covered
-    wts = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], dim=-1)  # [c, T, 4]
-    sample = (wts[..., None] * rgba[pix]).sum(dim=-2)  # [c, T, 4]
+    pix = torch.stack([base, base + x1, base + y1, base + y1 + x1], dim=-1)  # [S, 4]
+    flat = pix.reshape(-1)
+    visible = (depth.index_select(0, flat).view(pix.shape) - z[..., None]).abs() <= tol[..., None]
+    vis = visible.all(dim=-1)  # inf depth: not covered
+    ok = vis if ok is None else ok & vis
+    wts = torch.stack(
+        [(1 - fx) * (1 - fy_frac), fx * (1 - fy_frac), (1 - fx) * fy_frac, fx * fy_frac], dim=-1
+    )  # [S, 4]
+    sample = (wts[..., None] * rgba.index_select(0, flat).view(*pix.shape, 4)).sum(dim=-2)  # [S, 4]
     a = sample[..., 3]
     ok &= (a >= config.min_alpha) & (a > 0)
-    weight = torch.where(ok, a * cpos**config.cos_power, 0.0)  # [c, T]
+    weight = torch.where(ok, a * cpos**config.cos_power, 0.0)
     colour = sample[..., :3] / a.clamp_min(1e-12)[..., None]
-    num += (weight[..., None] * torch.where(ok[..., None], colour, 0.0)).sum(dim=0)
-    den += weight.sum(dim=0)
+    return weight, colour, ok
