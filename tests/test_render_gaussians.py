@@ -249,6 +249,22 @@ def test_depth_slices_match_whole_lists(dtype, atol, depth_slice, chunk):
         assert float(want_a.max()) > 1 - 1e-3  # nearly opaque pixels
 
 
+@pytest.mark.parametrize("workers", [2, 3])
+def test_camera_groups_on_threads_match_one_thread(workers):
+    """Groups of cameras composited on threads (PyTorch single-threaded) against all cameras in this
+    thread: each camera's image is its own (float32, 1e-6: sums of chunks of other shapes)."""
+    splat = random_sh_splat(200, seed=12, log_scale=-2.0, spread=0.5)
+    cams = near_far_cameras(40, 31, n=4)
+    proj = _projected(splat, cams)
+    feats = torch.rand(len(cams), len(splat), 3, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want, want_a = tr.rasterize(proj, splat.opacities(), feats, 40, 31, workers=1)
+        got, got_a = tr.rasterize(proj, splat.opacities(), feats, 40, 31, workers=workers)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got_a, want_a, atol=1e-6, rtol=0)
+    assert float(want_a.max()) > 0.5
+
+
 def test_weights_continue_from_a_carried_transmittance():
     """Two halves of a list, the second started from the first's T, give the whole list's T and
     weights: the running product continues (float64: equal to rounding)."""

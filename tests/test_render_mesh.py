@@ -118,6 +118,19 @@ def test_result_independent_of_chunking():
         assert torch.equal(x, y)
 
 
+@pytest.mark.parametrize("workers", [2, 3])
+def test_camera_groups_on_threads_give_the_same_fragments(workers):
+    """Groups of cameras rasterised on threads (PyTorch single-threaded) against one call in this
+    thread: every output equal to the bit (the views are independent)."""
+    verts, faces = _soup(7, 200, 300)
+    cams = _random_cameras(7, 5, 41, 37)
+    want = rasterize(verts, faces, cams, cull_backfaces=False, max_candidates=5000, workers=1)
+    got = rasterize(verts, faces, cams, cull_backfaces=False, max_candidates=5000, workers=workers)
+    for k in ("face_id", "bary", "depth", "alpha"):
+        assert torch.equal(getattr(got, k), getattr(want, k)), k
+    assert int((want.face_id >= 0).sum()) > 0
+
+
 def test_fronto_parallel_quad_covers_known_pixels_at_known_depth():
     W, H, fpx, z = 16, 11, 10.0, 2.0
     cam = _identity_camera(fpx, W, H)

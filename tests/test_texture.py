@@ -339,10 +339,10 @@ def test_bake_reproduces_a_textured_object_from_its_renders():
 
 @pytest.mark.parametrize("seed, size, views", [(0, 48, 4), (1, 33, 3), (2, 64, 1)])
 def test_compacted_accumulation_equals_the_masked_one_to_the_bit(seed, size, views):
-    """The CPU's compacted accumulation (only the pairs that pass the cheap tests) against the masked
-    one over all c x T pairs (the GPU's): the same sums to the bit, on a real mesh's texels with the
-    mesh's raster depth (some of it pushed away, so visibility fails there) and random RGBA renders
-    (alpha 0 to 1, some under min_alpha)."""
+    """The CPU's compacted accumulation (only the pairs that pass the cheap tests), on 1-3 threads of
+    texel ranges, against the masked one over all c x T pairs (the GPU's): the same sums to the bit,
+    on a real mesh's texels with the mesh's raster depth (some of it pushed away, so visibility fails
+    there) and random RGBA renders (alpha 0 to 1, some under min_alpha)."""
     from microdreamer.render.mesh import rasterize
     from microdreamer.texture.bake import _accumulate
 
@@ -360,12 +360,13 @@ def test_compacted_accumulation_equals_the_masked_one_to_the_bit(seed, size, vie
     rgba[:, :3] *= rgba[:, 3:]  # premultiplied
     config = BakeConfig()
     sums = []
-    for compact in (True, False):
+    for compact, workers in ((False, 1), (True, 1), (True, 2), (True, 3)):
         num, den = torch.zeros(len(samples), 3), torch.zeros(len(samples))
-        _accumulate(samples, cams, rgba, depth, config, num, den, compact=compact)
+        _accumulate(samples, cams, rgba, depth, config, num, den, compact=compact, workers=workers)
         sums.append((num, den))
-    (num_c, den_c), (num_m, den_m) = sums
-    assert torch.equal(num_c, num_m) and torch.equal(den_c, den_m)
+    num_m, den_m = sums[0]
+    for num, den in sums[1:]:
+        assert torch.equal(num, num_m) and torch.equal(den, den_m)
     assert 0 < int((den_m > 0).sum()) < len(samples)  # some texels seen, some not
 
 

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 import torch
 
+from microdreamer.cpu_pool import cpu_workers, map_single_threaded
+
 ALPHA_THRESHOLD = 1.0 / 255.0  # alphas below this are skipped
 MAX_ALPHA = 0.999  # alphas are clamped to this
 T_THRESHOLD = 1e-4  # a pixel stops before the Gaussian that takes T to this or below
@@ -375,6 +377,7 @@ def rasterize(
     tile_size: int = TILE_SIZE,
     chunk_elems: int | None = None,
     depth_slice: int | None = DEPTH_SLICE,
+    workers: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Alpha-composite projected Gaussians into C images of W x H pixels.
 
@@ -389,20 +392,53 @@ def rasterize(
         depth_slice: without gradients, composite each tile's list this many Gaussians at a time and
             stop a tile once all its pixels have stopped (the same image to float rounding of the
             sums); None = whole lists at once, as with gradients.
+        workers: on the CPU without gradients, render groups of cameras on this many threads that run
+            PyTorch single-threaded (:mod:`microdreamer.cpu_pool`; each camera's image does not depend
+            on the others); None = :func:`~microdreamer.cpu_pool.cpu_workers`; 1 = this thread.
 
     Returns:
         (accumulated features [C, H, W, K] = sum_i w_i f_i with no background,
         accumulated alpha [C, H, W, 1] = sum_i w_i = 1 - T).
     """
     C, N = proj.depths.shape
+    if feats.dim() == 2:
+        feats = feats[None].expand(C, N, feats.shape[-1])
+    grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (proj.means2d, proj.conics, opacities, feats)
+    )
+    if workers is None:
+        workers = cpu_workers(proj.means2d.device, C)
+    workers = min(C, workers)
+    if grad or depth_slice is None or proj.means2d.device.type != "cpu" or workers <= 1:
+        return _rasterize(proj, opacities, feats, width, height, tile_size, chunk_elems, depth_slice)
+    bounds = [C * i // workers for i in range(workers + 1)]
+
+    def group(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = bounds[i], bounds[i + 1]
+        part = Projection(proj.means2d[a:b], proj.conics[a:b], proj.depths[a:b], proj.radii[a:b])
+        return _rasterize(part, opacities, feats[a:b], width, height, tile_size, chunk_elems, depth_slice)
+
+    parts = map_single_threaded(group, range(workers), workers)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _rasterize(
+    proj: Projection,
+    opacities: torch.Tensor,
+    feats: torch.Tensor,
+    width: int,
+    height: int,
+    tile_size: int,
+    chunk_elems: int | None,
+    depth_slice: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rasterize` in this thread; feats [C, N, K]."""
+    C, N = proj.depths.shape
     K = feats.shape[-1]
     dev, dt = proj.means2d.device, proj.means2d.dtype
     tw, th = math.ceil(width / tile_size), math.ceil(height / tile_size)
     n_tiles = C * th * tw
     P = tile_size * tile_size
-    if feats.dim() == 2:
-        feats = feats[None].expand(C, N, K)
-
     acc = torch.zeros(n_tiles, P, K + 1, device=dev, dtype=dt)  # features, then alpha
     isect_gauss, per_tile = tile_intersections(proj, opacities, width, height, tile_size)
     if isect_gauss.numel() > 0:

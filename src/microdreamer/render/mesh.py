@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from microdreamer.cameras import Cameras
+from microdreamer.cpu_pool import cpu_workers, map_single_threaded
 
 _MIN_AREA = 1e-10  # |double signed area| in pixels^2 below which a projected face is degenerate
 
@@ -182,6 +183,7 @@ def rasterize(
     cameras: Cameras,
     cull_backfaces: bool = False,
     max_candidates: int = 1 << 22,
+    workers: int | None = None,
 ) -> Fragments:
     """Rasterise a triangle mesh into C views (see the module docstring for the exact semantics).
 
@@ -193,6 +195,9 @@ def rasterize(
         cull_backfaces: skip faces seen from behind.
         max_candidates: the most pixel tests computed at once; bounds the temporary memory to about
             1 byte per candidate plus about 60 bytes per candidate that the face covers.
+        workers: on the CPU without gradients, rasterise groups of cameras on this many threads that
+            run PyTorch single-threaded (:mod:`microdreamer.cpu_pool`; the views are independent);
+            None = :func:`~microdreamer.cpu_pool.cpu_workers`; 1 = this thread.
 
     Returns:
         :class:`Fragments` with face_id [C, H, W], bary [C, H, W, 3], depth [C, H, W, 1], alpha
@@ -200,6 +205,26 @@ def rasterize(
     """
     faces = faces.long()
     _check_inputs(vertices, faces, cameras)
+    C = len(cameras)
+    if workers is None:
+        workers = cpu_workers(vertices.device, C)
+    workers = min(workers, C)
+    if (
+        workers > 1
+        and vertices.device.type == "cpu"
+        and not (torch.is_grad_enabled() and vertices.requires_grad)
+    ):
+        bounds = [C * i // workers for i in range(workers + 1)]
+        parts = map_single_threaded(
+            lambda i: rasterize(
+                vertices, faces, cameras[bounds[i] : bounds[i + 1]], cull_backfaces, max_candidates, workers=1
+            ),
+            range(workers),
+            workers,
+        )
+        return Fragments(
+            *(torch.cat([getattr(p, k) for p in parts]) for k in ("face_id", "bary", "depth", "alpha"))
+        )
     C, H, W, F = len(cameras), cameras.height, cameras.width, faces.shape[0]
     device = vertices.device
     big = C * F  # sentinel "no face" in the face buffer (global id = camera * F + face)

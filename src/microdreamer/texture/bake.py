@@ -33,6 +33,7 @@ import torch
 
 from microdreamer.cameras import Cameras, orbit_cameras
 from microdreamer.config import BakeConfig, BakeViewsConfig
+from microdreamer.cpu_pool import cpu_workers, map_single_threaded
 from microdreamer.texture.atlas import TexelSamples
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,7 @@ def _accumulate(
     num: torch.Tensor,
     den: torch.Tensor,
     compact: bool | None = None,
+    workers: int | None = None,
 ) -> None:
     """Add the weighted colours of c views to num [T, 3] and den [T] (in place).
 
@@ -200,19 +202,47 @@ def _accumulate(
     operations on the same values, so the same sums to the bit (on the ghost's bake, a third of the
     pairs pass). Its ``nonzero`` synchronises with the host, so on a GPU all c x T pairs are
     evaluated with masks instead. None = compact on the CPU.
+    workers: on the CPU, ranges of texels on this many threads that run PyTorch single-threaded
+    (:mod:`microdreamer.cpu_pool`; every texel's sum over the views is its own); None =
+    :func:`~microdreamer.cpu_pool.cpu_workers`.
     """
     if compact is None:
         compact = rgba.device.type == "cpu"
-    c, H, W = len(cams), cams.height, cams.width
     T = len(samples)
+    if workers is None:
+        workers = cpu_workers(rgba.device, T)
+    bounds = [T * i // max(1, workers) for i in range(max(1, workers) + 1)]
+
+    def part(i: int) -> None:
+        a, b = bounds[i], bounds[i + 1]
+        _accumulate_texels(
+            samples.points[a:b], samples.normals[a:b], cams, rgba, depth, config, num[a:b], den[a:b], compact
+        )
+
+    map_single_threaded(part, range(len(bounds) - 1), workers)
+
+
+def _accumulate_texels(
+    points: torch.Tensor,
+    normals: torch.Tensor,
+    cams: Cameras,
+    rgba: torch.Tensor,
+    depth: torch.Tensor,
+    config: BakeConfig,
+    num: torch.Tensor,
+    den: torch.Tensor,
+    compact: bool,
+) -> None:
+    """:func:`_accumulate` for T texels at ``points`` [T, 3] with ``normals`` [T, 3], in this thread."""
+    c, H, W = len(cams), cams.height, cams.width
+    T = points.shape[0]
     R, t = cams.viewmats[:, :3, :3], cams.viewmats[:, :3, 3]  # [c, 3, 3], [c, 3]
     fx_, fy_ = cams.Ks[:, 0, 0, None], cams.Ks[:, 1, 1, None]  # [c, 1]
     cx_, cy_ = cams.Ks[:, 0, 2, None], cams.Ks[:, 1, 2, None]
     centre = -(R.transpose(1, 2) @ t[:, :, None])[..., 0]  # [c, 3]
-    points = samples.points
     # facing: cos = n . (centre - p) / |centre - p|
     to_cam = centre[:, None, :] - points[None]  # [c, T, 3]
-    cos = (samples.normals[None] * to_cam).sum(-1) / to_cam.norm(dim=-1).clamp_min(1e-12)  # [c, T]
+    cos = (normals[None] * to_cam).sum(-1) / to_cam.norm(dim=-1).clamp_min(1e-12)  # [c, T]
     pc = torch.einsum("cij,tj->cti", R, points) + t[:, None, :]  # camera space [c, T, 3]
     z = pc[..., 2]
     zs = z.clamp_min(1e-9)
@@ -289,6 +319,9 @@ def _pair_colours(
     sample = (wts[..., None] * rgba.index_select(0, flat).view(*pix.shape, 4)).sum(dim=-2)  # [S, 4]
     a = sample[..., 3]
     ok &= (a >= config.min_alpha) & (a > 0)
-    weight = torch.where(ok, a * cpos**config.cos_power, 0.0)
+    # cos ** power as exp(power * log(cos)): pow with a float exponent takes another code path for
+    # the last few elements of a CPU loop (1 ulp apart), exp and log do not, so the weights do not
+    # depend on how the pairs are split or compacted
+    weight = torch.where(ok, a * torch.exp(config.cos_power * torch.log(cpos)), 0.0)
     colour = sample[..., :3] / a.clamp_min(1e-12)[..., None]
     return weight, colour, ok
