@@ -125,10 +125,13 @@ def column_alpha(
         if int(counts[c0:c1].sum()) == 0:
             continue
         owner, cell = box_cells(first3, extent3, (r, r, 1), c0, c1)
-        du = (cell // r).double() * h - 1.0 - mu[owner, 0]
-        dv = (cell % r).double() * h - 1.0 - mu[owner, 1]
-        q = pa[owner] * du * du + 2.0 * pb[owner] * du * dv + pc[owner] * dv * dv
-        a = (opac[owner] * torch.exp(-0.5 * q)).clamp_(max=MAX_ALPHA)
+        # per-pair values through index_select (advanced indexing is ~4x slower on the CPU)
+        mu_o = mu.index_select(0, owner)
+        pa_o, pb_o, pc_o, op_o = (t.index_select(0, owner) for t in (pa, pb, pc, opac))
+        du = (cell // r).double() * h - 1.0 - mu_o[:, 0]
+        dv = (cell % r).double() * h - 1.0 - mu_o[:, 1]
+        q = pa_o * du * du + 2.0 * pb_o * du * dv + pc_o * dv * dv
+        a = (op_o * torch.exp(-0.5 * q)).clamp_(max=MAX_ALPHA)
         a = torch.where(a >= MIN_ALPHA, a, torch.zeros_like(a))
         log_t.index_add_(0, cell, torch.log1p(-a))
     return (-torch.expm1(log_t)).float().reshape(r, r)
