@@ -205,57 +205,20 @@ def rasterize(
     """
     faces = faces.long()
     _check_inputs(vertices, faces, cameras)
-    C = len(cameras)
-    if workers is None:
-        workers = cpu_workers(vertices.device, C)
-    workers = min(workers, C)
-    if (
-        workers > 1
-        and vertices.device.type == "cpu"
-        and not (torch.is_grad_enabled() and vertices.requires_grad)
-    ):
-        bounds = [C * i // workers for i in range(workers + 1)]
-        parts = map_single_threaded(
-            lambda i: rasterize(
-                vertices, faces, cameras[bounds[i] : bounds[i + 1]], cull_backfaces, max_candidates, workers=1
-            ),
-            range(workers),
-            workers,
-        )
+    grad = torch.is_grad_enabled() and vertices.requires_grad
+    parts = _camera_groups(
+        lambda cams: rasterize(vertices, faces, cams, cull_backfaces, max_candidates, workers=1),
+        vertices,
+        cameras,
+        1 if grad else workers,
+    )
+    if parts is not None:
         return Fragments(
             *(torch.cat([getattr(p, k) for p in parts]) for k in ("face_id", "bary", "depth", "alpha"))
         )
     C, H, W, F = len(cameras), cameras.height, cameras.width, faces.shape[0]
     device = vertices.device
-    big = C * F  # sentinel "no face" in the face buffer (global id = camera * F + face)
-    zbuf = torch.full((C * H * W,), math.inf, device=device, dtype=torch.float32)
-    fbuf = torch.full((C * H * W,), big, device=device, dtype=torch.int64)
-
-    with torch.no_grad():
-        pix, z, cam = _project(vertices.detach().float(), cameras)
-        if F > 0 and C > 0:
-            # gathers through index_select: advanced indexing is several times slower on the CPU
-            fl = faces.reshape(-1)
-            pf = pix.index_select(1, fl).view(C, F, 3, 2)
-            zf = z.index_select(1, fl).view(C, F, 3)
-            camf = cam.index_select(1, fl).view(C, F, 3, 3)
-            valid = _valid_faces(zf, camf, pf, cameras, cull_backfaces)
-            pair = valid.reshape(-1).nonzero().squeeze(1)  # flat camera * F + face
-            ci = torch.div(pair, F, rounding_mode="floor")
-            fi = pair - ci * F
-            _rasterize_pairs(
-                pf.reshape(C * F, 3, 2).index_select(0, pair),
-                zf.reshape(C * F, 3).index_select(0, pair),
-                faces.index_select(0, fi),
-                ci,
-                pair,
-                cameras,
-                zbuf,
-                fbuf,
-                big,
-                max_candidates,
-            )
-
+    _, fbuf, big = _depth_test(vertices, faces, cameras, cull_backfaces, max_candidates)
     covered = (fbuf < big).nonzero().squeeze(1)
     ci = torch.div(covered, H * W, rounding_mode="floor")
     fi = fbuf.index_select(0, covered) - ci * F
@@ -284,6 +247,83 @@ def rasterize(
         depth_img.view(C, H, W, 1),
         alpha.view(C, H, W, 1),
     )
+
+
+def rasterize_depth(
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    cameras: Cameras,
+    cull_backfaces: bool = False,
+    max_candidates: int = 1 << 22,
+    workers: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rasterize`'s depth and alpha alone, without its last pass (the barycentrics of the
+    visible faces): (depth [C, H, W, 1] float32, 0 where empty; alpha [C, H, W, 1] float32). The depth
+    is the depth test's buffer, which holds the visible face's depth computed as the last pass computes
+    it: the same values as :func:`rasterize` (tested). No gradients. Arguments as :func:`rasterize`."""
+    faces = faces.long()
+    _check_inputs(vertices, faces, cameras)
+    parts = _camera_groups(
+        lambda cams: rasterize_depth(vertices, faces, cams, cull_backfaces, max_candidates, workers=1),
+        vertices,
+        cameras,
+        workers,
+    )
+    if parts is not None:
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    C, H, W = len(cameras), cameras.height, cameras.width
+    zbuf, fbuf, big = _depth_test(vertices, faces, cameras, cull_backfaces, max_candidates)
+    hit = fbuf < big
+    depth = torch.where(hit, zbuf, torch.zeros_like(zbuf))
+    return depth.view(C, H, W, 1), hit.float().view(C, H, W, 1)
+
+
+def _camera_groups(fn, vertices: torch.Tensor, cameras: Cameras, workers: int | None) -> list | None:
+    """``fn`` of groups of the cameras on :func:`~microdreamer.cpu_pool.map_single_threaded` threads
+    (CPU only), in order; None when it runs in one piece (one worker, one camera or not the CPU)."""
+    C = len(cameras)
+    workers = min(cpu_workers(vertices.device, C) if workers is None else workers, C)
+    if workers <= 1 or vertices.device.type != "cpu":
+        return None
+    bounds = [C * i // workers for i in range(workers + 1)]
+    return map_single_threaded(lambda i: fn(cameras[bounds[i] : bounds[i + 1]]), range(workers), workers)
+
+
+def _depth_test(
+    vertices: torch.Tensor, faces: torch.Tensor, cameras: Cameras, cull_backfaces: bool, max_candidates: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The depth test of every face in every camera: (zbuf [C H W] float32 nearest depth, +inf where
+    empty; fbuf [C H W] int64 the visible face's global id camera * F + face, ``big`` where empty; big)."""
+    C, H, W, F = len(cameras), cameras.height, cameras.width, faces.shape[0]
+    device = vertices.device
+    big = C * F  # sentinel "no face" in the face buffer (global id = camera * F + face)
+    zbuf = torch.full((C * H * W,), math.inf, device=device, dtype=torch.float32)
+    fbuf = torch.full((C * H * W,), big, device=device, dtype=torch.int64)
+    with torch.no_grad():
+        pix, z, cam = _project(vertices.detach().float(), cameras)
+        if F > 0 and C > 0:
+            # gathers through index_select: advanced indexing is several times slower on the CPU
+            fl = faces.reshape(-1)
+            pf = pix.index_select(1, fl).view(C, F, 3, 2)
+            zf = z.index_select(1, fl).view(C, F, 3)
+            camf = cam.index_select(1, fl).view(C, F, 3, 3)
+            valid = _valid_faces(zf, camf, pf, cameras, cull_backfaces)
+            pair = valid.reshape(-1).nonzero().squeeze(1)  # flat camera * F + face
+            ci = torch.div(pair, F, rounding_mode="floor")
+            fi = pair - ci * F
+            _rasterize_pairs(
+                pf.reshape(C * F, 3, 2).index_select(0, pair),
+                zf.reshape(C * F, 3).index_select(0, pair),
+                faces.index_select(0, fi),
+                ci,
+                pair,
+                cameras,
+                zbuf,
+                fbuf,
+                big,
+                max_candidates,
+            )
+    return zbuf, fbuf, big
 
 
 def _rasterize_pairs(

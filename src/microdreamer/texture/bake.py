@@ -4,7 +4,7 @@ The bake is texel-centric. Every covered texel has a surface point and a face no
 (:func:`~microdreamer.texture.atlas.texel_samples`). For each view:
 
 1. the splat is rendered (premultiplied colour over black, and alpha) and the mesh is rasterised
-   with :func:`microdreamer.render.mesh.rasterize` (its depth is the visibility buffer);
+   with :func:`microdreamer.render.mesh.rasterize_depth` (its depth is the visibility buffer);
 2. each texel's point is projected into the view. It counts only if it faces the camera (the cosine
    between its normal and the direction to the camera is above ``cos_threshold``) and is visible: at
    each of the four pixels its bilinear lookup touches, the mesh covers the pixel and the rasterised
@@ -134,7 +134,7 @@ def bake_views(
         ``(colors [T, 3] float32, seen [T] bool, stats)``; stats holds ``seconds`` {``render``,
         ``rasterize``, ``project``} and ``views``.
     """
-    from microdreamer.render.mesh import rasterize
+    from microdreamer.render.mesh import rasterize_depth
 
     config = config or BakeConfig()
     device = vertices.device
@@ -158,12 +158,12 @@ def bake_views(
         seconds["render"] += time.perf_counter() - start
         start = time.perf_counter()
         with torch.no_grad():
-            frags = rasterize(vertices, faces, cams, cull_backfaces=config.cull_backfaces)
+            mesh_depth, covered = rasterize_depth(vertices, faces, cams, cull_backfaces=config.cull_backfaces)
         _sync(device)
         seconds["rasterize"] += time.perf_counter() - start
         start = time.perf_counter()
         rgba = torch.cat([rgb, alpha], dim=-1).reshape(-1, 4)
-        depth = torch.where(frags.alpha > 0, frags.depth, torch.full_like(frags.depth, math.inf))
+        depth = torch.where(covered > 0, mesh_depth, torch.full_like(mesh_depth, math.inf))
         _accumulate(samples, cams, rgba, depth.reshape(-1), config, num, den)
         _sync(device)
         seconds["project"] += time.perf_counter() - start
