@@ -2,8 +2,9 @@
 
     python benchmarks/bench_fidelity.py [--splats creative ghost fruit guitar shell] [--resolution auto 256 ...]
         [--voxel-filter default 0 ...] [--iso auto 1.0 0.2 ...] [--carve 24 0 ...] [--carve-level 0.5 ...]
-        [--texture field|bake|none] [--texture-size 1024] [--bake-size 512] [--refine STEPS] [--views 8]
-        [--size 256] [--device cpu|cuda] [--name NAME]
+        [--texture field|bake|none] [--texture-size 1024] [--bake-size 512] [--bake-azimuths 8]
+        [--bake-elevations 0 45 -45] [--bake-no-poles] [--refine STEPS] [--views 8] [--size 256]
+        [--device cpu|cuda] [--name NAME]
 
 For each splat and each combination of ``--resolution`` x ``--voxel-filter`` x ``--iso`` x ``--carve`` x
 ``--carve-level``: the export's own mesh stages (:func:`microdreamer.jobs.export.splat_to_mesh`: the
@@ -251,8 +252,17 @@ def run_setting(splat, ref, cams, setting, args, device) -> tuple[dict, np.ndarr
 
         t = time.perf_counter()
         tcfg = TextureConfig(mode=args.texture, size=args.texture_size)
+        views = {}
         if args.bake_size is not None:
-            tcfg.bake = BakeConfig(views=BakeViewsConfig(size=args.bake_size))
+            views["size"] = args.bake_size
+        if args.bake_azimuths is not None:
+            views["azimuths"] = args.bake_azimuths
+        if args.bake_elevations is not None:
+            views["elevations"] = tuple(args.bake_elevations)
+        if args.bake_no_poles:
+            views["poles"] = False
+        if views:
+            tcfg.bake = BakeConfig(views=BakeViewsConfig(**views))
         tcfg.refine.steps = args.refine
         mesh = texture_mesh(mesh, splat.to(device), tcfg, device).mesh
         seconds["texture"] = time.perf_counter() - t
@@ -315,6 +325,10 @@ def main() -> None:
         help="texture refinement steps against the splat's renders (TextureConfig.refine.steps)",
     )
     ap.add_argument("--bake-size", type=int, default=None, help="bake view size (default: the bake's, 512)")
+    ap.add_argument("--bake-azimuths", type=int, default=None, help="bake views per ring (default: 8)")
+    ap.add_argument("--bake-elevations", type=float, nargs="+", default=None,
+                    help="bake ring elevations (default: 0 45 -45)")  # fmt: skip
+    ap.add_argument("--bake-no-poles", action="store_true", help="no bake views straight above and below")
     ap.add_argument("--views", type=int, default=8)
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -358,7 +372,8 @@ def main() -> None:
     save_result(out_dir / f"fidelity_{args.name}.json", {
         "benchmark": "splat -> mesh fidelity: silhouette IoU and object PSNR of the mesh against the splat",
         "views": args.views, "size": args.size, "texture": args.texture, "texture_size": args.texture_size,
-        "bake_size": args.bake_size, "refine_steps": args.refine,
+        "bake_size": args.bake_size, "bake_azimuths": args.bake_azimuths, "bake_elevations": args.bake_elevations,
+        "bake_poles": not args.bake_no_poles, "refine_steps": args.refine,
         "device": args.device, "results": results,
     })  # fmt: skip
     for name, res in results.items():

@@ -227,22 +227,36 @@ def test_splat_type():
     assert isinstance(make_random_splat(2), Splat)
 
 
-def test_box_cells_and_chunk_bounds_against_loops():
-    from microdreamer.field.binning import box_cells, chunk_bounds
+@pytest.mark.parametrize(
+    "seed, n, dims, max_extent, ones_axis, start, stop",
+    [(14, 9, (5, 7, 3), 3, None, 2, 8), (3, 1, (4, 4, 4), 4, None, 0, None), (5, 40, (9, 6, 1), 4, 2, 0, None),
+     (6, 25, (8, 8, 8), 5, 0, 3, 25), (7, 30, (6, 5, 7), 1, None, 0, 30), (8, 12, (3, 3, 3), 3, None, 4, 4)],
+)  # fmt: skip
+def test_box_cells_against_loops(seed, n, dims, max_extent, ones_axis, start, stop):
+    """Every cell of every box, in order (item, then x, y, z), against nested loops: empty boxes, an
+    axis of extent 1 everywhere (the iso-level's columns), empty ranges of items."""
+    from microdreamer.field.binning import box_cells
 
-    g = torch.Generator().manual_seed(14)
-    dims = (5, 7, 3)
-    first = torch.stack([torch.randint(0, d, (9,), generator=g) for d in dims], -1)
-    extent = torch.randint(0, 3, (9, 3), generator=g)
-    owner, cell = box_cells(first, extent, dims, 2, 8)
+    g = torch.Generator().manual_seed(seed)
+    first = torch.stack([torch.randint(0, d, (n,), generator=g) for d in dims], -1)
+    extent = torch.randint(0, max_extent, (n, 3), generator=g)
+    if ones_axis is not None:
+        extent[:, ones_axis] = 1
+    owner, cell = box_cells(first, extent, dims, start, stop)
     expected = [
         (i, (x * dims[1] + y) * dims[2] + z)
-        for i in range(2, 8)
+        for i in range(start, n if stop is None else stop)
         for x in range(first[i, 0], first[i, 0] + extent[i, 0])
         for y in range(first[i, 1], first[i, 1] + extent[i, 1])
         for z in range(first[i, 2], first[i, 2] + extent[i, 2])
     ]
     assert list(zip(owner.tolist(), cell.tolist(), strict=True)) == expected
+    assert owner.dtype == cell.dtype == torch.int64
+
+
+def test_chunk_bounds_stay_within_budget():
+    from microdreamer.field.binning import chunk_bounds
+
     counts = torch.tensor([3, 0, 7, 2, 2, 9, 1])
     bounds = chunk_bounds(counts, 5)
     assert bounds[0] == 0 and bounds[-1] == len(counts) and bounds == sorted(set(bounds))

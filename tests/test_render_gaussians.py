@@ -149,6 +149,140 @@ def test_float32_tiles_and_chunks_match_reference(tile_size):
     torch.testing.assert_close(al1, al2, atol=1e-6, rtol=0)
 
 
+def _projected(splat: Splat, cams: Cameras) -> tr.Projection:
+    return tr.project(
+        splat.means,
+        splat.covariances(),
+        splat.opacities(),
+        cams.viewmats.to(splat.means.dtype),
+        cams.Ks.to(splat.means.dtype),
+        cams.width,
+        cams.height,
+        cams.near,
+        cams.far,
+    )
+
+
+@pytest.mark.parametrize("seed, n, log_scale, size, tile_size", [
+    (0, 1, -1.5, (16, 16), 8), (1, 40, -2.0, (37, 29), 8), (2, 90, -2.5, (64, 48), 8),
+    (3, 60, -1.2, (33, 17), 4), (4, 25, -1.8, (50, 41), 16),
+])  # fmt: skip
+def test_tile_intersections_keep_every_tile_a_gaussian_draws_in(seed, n, log_scale, size, tile_size):
+    """Every (Gaussian, tile) pair with a pixel centre where the alpha reaches 1/255 (float64, every
+    pixel of every tile of the box) is listed; every listed pair lies in the box and its ellipse
+    reaches the tile's rectangle of centres (closest point by dense sampling: no pair far outside); and
+    each tile's list is front to back (ties by index)."""
+    splat = random_sh_splat(n, seed=seed, log_scale=log_scale, dtype=torch.float64)
+    cams = near_far_cameras(*size)
+    proj = _projected(splat, cams)
+    op = splat.opacities()
+    W, H = size
+    tw, th = math.ceil(W / tile_size), math.ceil(H / tile_size)
+    isect, per_tile = tr.tile_intersections(proj, op, W, H, tile_size)
+    assert per_tile.shape == (len(cams) * th * tw,) and int(per_tile.sum()) == isect.numel()
+    tile_of = torch.repeat_interleave(torch.arange(per_tile.numel()), per_tile)
+    listed = set(zip(tile_of.tolist(), isect.tolist(), strict=True))
+    N = len(splat)
+    # per tile, its pixel centres and 4x denser samples of its rectangle of centres
+    fine = torch.linspace(0.5, tile_size - 0.5, 4 * tile_size - 3, dtype=torch.float64)
+    xs = (torch.arange(tw, dtype=torch.float64)[:, None] * tile_size + fine).reshape(-1)  # [tw * S]
+    ys = (torch.arange(th, dtype=torch.float64)[:, None] * tile_size + fine).reshape(-1)
+    S = fine.numel()
+    required = 0
+    for c in range(len(cams)):
+        for i in range(N):
+            rx, ry = proj.radii[c, i].tolist()
+            mine = {t for t, gid in listed if gid == c * N + i}
+            if rx <= 0 or ry <= 0:
+                assert not mine
+                continue
+            mx, my = proj.means2d[c, i].tolist()
+            a, b, cc = proj.conics[c, i].tolist()
+            dx, dy = (xs - mx)[None, :], (ys - my)[:, None]
+            q = (0.5 * (a * dx * dx + cc * dy * dy) + b * dx * dy).reshape(th, S, tw, S)  # [th, S, tw, S]
+            drawn = (op[i] * torch.exp(-q[:, ::4, :, ::4]) >= 1 / 255).any(3).any(1)  # [th, tw]
+            q_min = q.amin(dim=(1, 3))  # [th, tw]
+            box = torch.zeros(th, tw, dtype=torch.bool)
+            tx0, tx1 = max(0, math.floor((mx - rx) / tile_size)), min(tw, math.ceil((mx + rx) / tile_size))
+            ty0, ty1 = max(0, math.floor((my - ry) / tile_size)), min(th, math.ceil((my + ry) / tile_size))
+            box[ty0:ty1, tx0:tx1] = True
+            want = {(c * th + y) * tw + x for y, x in torch.nonzero(box & drawn).tolist()}
+            required += len(want)
+            assert want <= mine, sorted(want - mine)
+            for t in mine:
+                y, x = divmod(t - c * th * tw, tw)
+                assert bool(box[y, x]), t
+                # the ellipse at 1/255 (plus the margin) reaches the rectangle; the sampled minimum
+                # exceeds the true one by a sampling step's worth at most
+                assert float(q_min[y, x]) <= math.log(op[i] * 255) + tr.REACH_MARGIN + 0.5, t
+    assert required > 0
+    # front to back inside each tile
+    depth = proj.depths.reshape(-1)[isect]
+    same = tile_of[1:] == tile_of[:-1]
+    assert bool((depth[1:][same] > depth[:-1][same]).logical_or(
+        (depth[1:][same] == depth[:-1][same]) & (isect[1:][same] > isect[:-1][same])).all())  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+@pytest.mark.parametrize("depth_slice, chunk", [(1, None), (3, 1), (5, 777), (32, None)])
+def test_depth_slices_match_whole_lists(dtype, atol, depth_slice, chunk):
+    """Without gradients, compositing in depth slices (tiles leave once every pixel stopped) gives the
+    whole lists' image: the same running transmittance, sums in another order (float64 1e-12;
+    float32 2e-6, its rounding of ~100-term sums). A dense, opaque random splat (whole tiles stop
+    early: 38 with slices of 3) and the opaque stack; chunks of one tile and of odd sizes."""
+    splat = random_sh_splat(120, seed=9, log_scale=-1.6, spread=0.4, dtype=dtype)
+    splat.opacity_logits = splat.opacity_logits.abs() + 2.0
+    stack = Splat(**{k: v.to(dtype) for k, v in opaque_stack(15).tensors().items()})
+    for s, cams in ((splat, near_far_cameras(45, 38, n=3)), (stack, near_far_cameras(21, 19, n=2))):
+        proj = _projected(s, cams)
+        g = torch.Generator().manual_seed(1)
+        feats = torch.rand(len(cams), len(s), 3, generator=g, dtype=dtype)
+        W, H = cams.width, cams.height
+        with torch.no_grad():
+            want, want_a = tr.rasterize(proj, s.opacities(), feats, W, H, depth_slice=None)
+            for chunk in (None, 1, 777):
+                got, got_a = tr.rasterize(
+                    proj, s.opacities(), feats, W, H, chunk_elems=chunk, depth_slice=depth_slice
+                )
+                torch.testing.assert_close(got, want, atol=atol, rtol=0)
+                torch.testing.assert_close(got_a, want_a, atol=atol, rtol=0)
+        assert float(want_a.max()) > 1 - 1e-3  # nearly opaque pixels
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_camera_groups_on_threads_match_one_thread(workers):
+    """Groups of cameras composited on threads (PyTorch single-threaded) against all cameras in this
+    thread: each camera's image is its own (float32, 1e-6: sums of chunks of other shapes)."""
+    splat = random_sh_splat(200, seed=12, log_scale=-2.0, spread=0.5)
+    cams = near_far_cameras(40, 31, n=4)
+    proj = _projected(splat, cams)
+    feats = torch.rand(len(cams), len(splat), 3, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want, want_a = tr.rasterize(proj, splat.opacities(), feats, 40, 31, workers=1)
+        got, got_a = tr.rasterize(proj, splat.opacities(), feats, 40, 31, workers=workers)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got_a, want_a, atol=1e-6, rtol=0)
+    assert float(want_a.max()) > 0.5
+
+
+def test_weights_continue_from_a_carried_transmittance():
+    """Two halves of a list, the second started from the first's T, give the whole list's T and
+    weights: the running product continues (float64: equal to rounding)."""
+    g = torch.Generator().manual_seed(4)
+    B, M, P = 5, 23, 16
+    coef = torch.randn(B, M, 6, generator=g, dtype=torch.float64) * 0.2
+    coef[..., 0] = 1.5 * torch.rand(B, M, generator=g, dtype=torch.float64) - 1.0  # some alphas clamp
+    basis = torch.randn(P, 6, generator=g, dtype=torch.float64) * 0.3
+    alpha, t_before, weights, _, t_end = tr._weights(coef.clone(), basis)
+    k = 9
+    _, t1, w1, _, t_mid = tr._weights(coef[:, :k].clone(), basis)
+    _, t2, w2, _, t_end2 = tr._weights(coef[:, k:].clone(), basis, t_start=t_mid)
+    torch.testing.assert_close(torch.cat([t1, t2], 1), t_before, atol=1e-15, rtol=1e-13)
+    torch.testing.assert_close(torch.cat([w1, w2], 1), weights, atol=1e-15, rtol=1e-13)
+    torch.testing.assert_close(t_end2, t_end, atol=1e-15, rtol=1e-13)
+    assert float(weights.sum(1).max()) > 0.9 and bool((weights == 0).any())
+
+
 def test_empty_splat_renders_background():
     splat = random_sh_splat(0)
     cams = near_far_cameras(8, 6, n=2)

@@ -14,6 +14,7 @@ from microdreamer.render.mesh import (
     Fragments,
     interpolate,
     rasterize,
+    rasterize_depth,
     rasterize_reference,
     render_mesh,
     sample_texture,
@@ -116,6 +117,35 @@ def test_result_independent_of_chunking():
         (a.face_id, a.bary, a.depth, a.alpha), (b.face_id, b.bary, b.depth, b.alpha), strict=True
     ):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_camera_groups_on_threads_give_the_same_fragments(workers):
+    """Groups of cameras rasterised on threads (PyTorch single-threaded) against one call in this
+    thread: every output equal to the bit (the views are independent)."""
+    verts, faces = _soup(7, 200, 300)
+    cams = _random_cameras(7, 5, 41, 37)
+    want = rasterize(verts, faces, cams, cull_backfaces=False, max_candidates=5000, workers=1)
+    got = rasterize(verts, faces, cams, cull_backfaces=False, max_candidates=5000, workers=workers)
+    for k in ("face_id", "bary", "depth", "alpha"):
+        assert torch.equal(getattr(got, k), getattr(want, k)), k
+    assert int((want.face_id >= 0).sum()) > 0
+
+
+@pytest.mark.parametrize(
+    "seed, n_faces, cull, workers", [(1, 300, False, 1), (2, 500, True, 2), (3, 1, False, 1)]
+)
+def test_depth_only_rasterisation_equals_the_full_one(seed, n_faces, cull, workers):
+    """rasterize_depth (the depth test's buffer, no last pass) against rasterize: depth and alpha equal
+    to the bit, on random soups (intersecting faces, ties) with and without culling."""
+    verts, faces = _soup(seed, 150, n_faces)
+    cams = _random_cameras(seed, 3, 45, 38)
+    want = rasterize(verts, faces, cams, cull_backfaces=cull, max_candidates=7000, workers=1)
+    depth, alpha = rasterize_depth(
+        verts, faces, cams, cull_backfaces=cull, max_candidates=7000, workers=workers
+    )
+    assert torch.equal(depth, want.depth) and torch.equal(alpha, want.alpha)
+    assert n_faces == 1 or int(alpha.sum()) > 0
 
 
 def test_fronto_parallel_quad_covers_known_pixels_at_known_depth():

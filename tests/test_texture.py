@@ -337,6 +337,39 @@ def test_bake_reproduces_a_textured_object_from_its_renders():
     assert masked_psnr(got.rgb, want.rgb, want.alpha) > 45.0
 
 
+@pytest.mark.parametrize("seed, size, views", [(0, 48, 4), (1, 33, 3), (2, 64, 1)])
+def test_compacted_accumulation_equals_the_masked_one_to_the_bit(seed, size, views):
+    """The CPU's compacted accumulation (only the pairs that pass the cheap tests), on 1-3 threads of
+    texel ranges, against the masked one over all c x T pairs (the GPU's): the same sums to the bit,
+    on a real mesh's texels with the mesh's raster depth (some of it pushed away, so visibility fails
+    there) and random RGBA renders (alpha 0 to 1, some under min_alpha)."""
+    from microdreamer.render.mesh import rasterize
+    from microdreamer.texture.bake import _accumulate
+
+    gt = position_colored_sphere(3)
+    layout = unwrap(Mesh(gt.vertices, gt.faces), max_faces=None, texture_size=96)
+    verts, faces, uv = as_tensors(layout.mesh, layout.uv)
+    samples = texel_samples(verts, faces, uv, 96, 96)
+    center, radius = framing(verts)
+    cams = bake_cameras(BakeViewsConfig(size=size), center, radius)[seed : seed + views]
+    g = torch.Generator().manual_seed(seed)
+    frags = rasterize(verts, faces, cams)
+    depth = torch.where(frags.alpha > 0, frags.depth, torch.full_like(frags.depth, math.inf)).reshape(-1)
+    depth = depth * torch.where(torch.rand(depth.shape, generator=g) < 0.1, 1.05, 1.0)
+    rgba = torch.rand(views * size * size, 4, generator=g)
+    rgba[:, :3] *= rgba[:, 3:]  # premultiplied
+    config = BakeConfig()
+    sums = []
+    for compact, workers in ((False, 1), (True, 1), (True, 2), (True, 3)):
+        num, den = torch.zeros(len(samples), 3), torch.zeros(len(samples))
+        _accumulate(samples, cams, rgba, depth, config, num, den, compact=compact, workers=workers)
+        sums.append((num, den))
+    num_m, den_m = sums[0]
+    for num, den in sums[1:]:
+        assert torch.equal(num, num_m) and torch.equal(den, den_m)
+    assert 0 < int((den_m > 0).sum()) < len(samples)  # some texels seen, some not
+
+
 def test_bake_puts_each_side_of_an_asymmetric_object_on_the_right_side():
 
     cube = textured_cube()

@@ -49,13 +49,22 @@ def box_cells(
         ordered by item, then x, y, z.
     """
     stop = first.shape[0] if stop is None else stop
-    counts = extent[start:stop].prod(-1)
     device = first.device
-    owner = torch.repeat_interleave(torch.arange(start, stop, device=device), counts)
-    offset = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-    local = torch.arange(owner.numel(), device=device) - offset
-    e = extent[owner]
-    z = first[owner, 2] + local % e[:, 2]
-    y = first[owner, 1] + (local // e[:, 2]) % e[:, 1]
-    x = first[owner, 0] + local // (e[:, 2] * e[:, 1])
-    return owner, (x * dims[1] + y) * dims[2] + z
+    # one axis at a time, with no integer division: entries (item, x), then (item, x, y), then cells;
+    # each entry expands into the cells of its box along the next axis, in order
+    owner = torch.arange(start, stop, device=device)
+    item = owner - start  # row of first / extent
+    cell = torch.zeros_like(owner)
+    f, e = first[start:stop], extent[start:stop]
+    for axis in range(3):
+        cnt = e[:, axis].index_select(0, item)
+        base = cell * dims[axis] + f[:, axis].index_select(0, item)
+        if bool((cnt == 1).all()):
+            cell = base
+            continue
+        total = int(cnt.sum())
+        rep = torch.repeat_interleave(torch.arange(cnt.numel(), device=device), cnt, output_size=total)
+        local = torch.arange(total, device=device) - (torch.cumsum(cnt, 0) - cnt).index_select(0, rep)
+        cell = base.index_select(0, rep) + local
+        owner, item = owner.index_select(0, rep), item.index_select(0, rep)
+    return owner, cell

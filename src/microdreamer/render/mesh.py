@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from microdreamer.cameras import Cameras
+from microdreamer.cpu_pool import cpu_workers, map_single_threaded
 
 _MIN_AREA = 1e-10  # |double signed area| in pixels^2 below which a projected face is degenerate
 
@@ -131,14 +132,16 @@ def _canonical_edges(p: torch.Tensor, vid: torch.Tensor) -> tuple[torch.Tensor, 
         ``sign * cross(direction, q - start)``, positive inside a counter-clockwise (in pixel
         coordinates) face, and equal to the signed double area at the opposite vertex k.
     """
-    a_idx, b_idx = [1, 2, 0], [2, 0, 1]  # edge k runs from vertex (k+1)%3 to (k+2)%3
-    pa, pb = p[:, a_idx], p[:, b_idx]
-    ia, ib = vid[:, a_idx], vid[:, b_idx]
-    swap = ia > ib
+
+    def rot(t: torch.Tensor, k: int) -> torch.Tensor:  # t[:, [k, k+1, k+2] mod 3], without indexing
+        return torch.cat([t[:, k:], t[:, :k]], dim=1)
+
+    pa, pb = rot(p, 1), rot(p, 2)  # edge k runs from vertex (k+1)%3 to (k+2)%3
+    swap = rot(vid, 1) > rot(vid, 2)
     start = torch.where(swap[..., None], pb, pa)
-    end = torch.where(swap[..., None], pa, pb)
     sign = torch.where(swap, -1.0, 1.0).to(p.dtype)
-    return start, end - start, sign
+    # end - start: pb - pa, or pa - pb = -(pb - pa) exactly when swapped
+    return start, (pb - pa) * sign[..., None], sign
 
 
 def _edge_values(start, direction, sign, qx, qy) -> torch.Tensor:
@@ -180,6 +183,7 @@ def rasterize(
     cameras: Cameras,
     cull_backfaces: bool = False,
     max_candidates: int = 1 << 22,
+    workers: int | None = None,
 ) -> Fragments:
     """Rasterise a triangle mesh into C views (see the module docstring for the exact semantics).
 
@@ -191,6 +195,9 @@ def rasterize(
         cull_backfaces: skip faces seen from behind.
         max_candidates: the most pixel tests computed at once; bounds the temporary memory to about
             1 byte per candidate plus about 60 bytes per candidate that the face covers.
+        workers: on the CPU without gradients, rasterise groups of cameras on this many threads that
+            run PyTorch single-threaded (:mod:`microdreamer.cpu_pool`; the views are independent);
+            None = :func:`~microdreamer.cpu_pool.cpu_workers`; 1 = this thread.
 
     Returns:
         :class:`Fragments` with face_id [C, H, W], bary [C, H, W, 3], depth [C, H, W, 1], alpha
@@ -198,40 +205,41 @@ def rasterize(
     """
     faces = faces.long()
     _check_inputs(vertices, faces, cameras)
+    grad = torch.is_grad_enabled() and vertices.requires_grad
+    parts = _camera_groups(
+        lambda cams: rasterize(vertices, faces, cams, cull_backfaces, max_candidates, workers=1),
+        vertices,
+        cameras,
+        1 if grad else workers,
+    )
+    if parts is not None:
+        return Fragments(
+            *(torch.cat([getattr(p, k) for p in parts]) for k in ("face_id", "bary", "depth", "alpha"))
+        )
     C, H, W, F = len(cameras), cameras.height, cameras.width, faces.shape[0]
     device = vertices.device
-    big = C * F  # sentinel "no face" in the face buffer (global id = camera * F + face)
-    zbuf = torch.full((C * H * W,), math.inf, device=device, dtype=torch.float32)
-    fbuf = torch.full((C * H * W,), big, device=device, dtype=torch.int64)
-
-    with torch.no_grad():
-        pix, z, cam = _project(vertices.detach().float(), cameras)
-        if F > 0 and C > 0:
-            pf, zf, camf = pix[:, faces], z[:, faces], cam[:, faces]  # [C,F,3,2], [C,F,3], [C,F,3,3]
-            valid = _valid_faces(zf, camf, pf, cameras, cull_backfaces)
-            ci, fi = valid.nonzero(as_tuple=True)
-            _rasterize_pairs(
-                pf[ci, fi], zf[ci, fi], faces[fi], ci, ci * F + fi, cameras, zbuf, fbuf, big, max_candidates
-            )
-
-    covered = (fbuf < big).nonzero(as_tuple=True)[0]
+    _, fbuf, big = _depth_test(vertices, faces, cameras, cull_backfaces, max_candidates)
+    covered = (fbuf < big).nonzero().squeeze(1)
     ci = torch.div(covered, H * W, rounding_mode="floor")
-    fi = fbuf[covered] - ci * F
+    fi = fbuf.index_select(0, covered) - ci * F
     rem = covered - ci * H * W
     qy = torch.div(rem, W, rounding_mode="floor").float() + 0.5
     qx = (rem % W).float() + 0.5
 
     # last pass: barycentrics and depth of the winning faces, with autograd through the vertices
     pix_g, z_g, _ = _project(vertices.float(), cameras)
-    fv = faces[fi]
-    start, direction, sign = _canonical_edges(pix_g[ci[:, None], fv], fv)
+    V = vertices.shape[0]
+    fv = faces.index_select(0, fi)
+    corner = (ci[:, None] * V + fv).reshape(-1)  # flat (camera, vertex) of each winning face's corners
+    start, direction, sign = _canonical_edges(
+        pix_g.reshape(C * V, 2).index_select(0, corner).view(-1, 3, 2), fv
+    )
     w = _edge_values(start, direction, sign, qx, qy)
-    bary, depth = _perspective(w, z_g[ci[:, None], fv])
+    bary, depth = _perspective(w, z_g.reshape(C * V).index_select(0, corner).view(-1, 3))
 
-    face_id = torch.full((C * H * W,), -1, device=device, dtype=torch.int64)
-    face_id[covered] = fi
-    bary_img = torch.zeros(C * H * W, 3, device=device, dtype=torch.float32).index_put((covered,), bary)
-    depth_img = torch.zeros(C * H * W, device=device, dtype=torch.float32).index_put((covered,), depth)
+    face_id = torch.full((C * H * W,), -1, device=device, dtype=torch.int64).index_copy_(0, covered, fi)
+    bary_img = torch.zeros(C * H * W, 3, device=device, dtype=torch.float32).index_copy(0, covered, bary)
+    depth_img = torch.zeros(C * H * W, device=device, dtype=torch.float32).index_copy(0, covered, depth)
     alpha = (face_id >= 0).float()
     return Fragments(
         face_id.view(C, H, W),
@@ -239,6 +247,83 @@ def rasterize(
         depth_img.view(C, H, W, 1),
         alpha.view(C, H, W, 1),
     )
+
+
+def rasterize_depth(
+    vertices: torch.Tensor,
+    faces: torch.Tensor,
+    cameras: Cameras,
+    cull_backfaces: bool = False,
+    max_candidates: int = 1 << 22,
+    workers: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rasterize`'s depth and alpha alone, without its last pass (the barycentrics of the
+    visible faces): (depth [C, H, W, 1] float32, 0 where empty; alpha [C, H, W, 1] float32). The depth
+    is the depth test's buffer, which holds the visible face's depth computed as the last pass computes
+    it: the same values as :func:`rasterize` (tested). No gradients. Arguments as :func:`rasterize`."""
+    faces = faces.long()
+    _check_inputs(vertices, faces, cameras)
+    parts = _camera_groups(
+        lambda cams: rasterize_depth(vertices, faces, cams, cull_backfaces, max_candidates, workers=1),
+        vertices,
+        cameras,
+        workers,
+    )
+    if parts is not None:
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    C, H, W = len(cameras), cameras.height, cameras.width
+    zbuf, fbuf, big = _depth_test(vertices, faces, cameras, cull_backfaces, max_candidates)
+    hit = fbuf < big
+    depth = torch.where(hit, zbuf, torch.zeros_like(zbuf))
+    return depth.view(C, H, W, 1), hit.float().view(C, H, W, 1)
+
+
+def _camera_groups(fn, vertices: torch.Tensor, cameras: Cameras, workers: int | None) -> list | None:
+    """``fn`` of groups of the cameras on :func:`~microdreamer.cpu_pool.map_single_threaded` threads
+    (CPU only), in order; None when it runs in one piece (one worker, one camera or not the CPU)."""
+    C = len(cameras)
+    workers = min(cpu_workers(vertices.device, C) if workers is None else workers, C)
+    if workers <= 1 or vertices.device.type != "cpu":
+        return None
+    bounds = [C * i // workers for i in range(workers + 1)]
+    return map_single_threaded(lambda i: fn(cameras[bounds[i] : bounds[i + 1]]), range(workers), workers)
+
+
+def _depth_test(
+    vertices: torch.Tensor, faces: torch.Tensor, cameras: Cameras, cull_backfaces: bool, max_candidates: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The depth test of every face in every camera: (zbuf [C H W] float32 nearest depth, +inf where
+    empty; fbuf [C H W] int64 the visible face's global id camera * F + face, ``big`` where empty; big)."""
+    C, H, W, F = len(cameras), cameras.height, cameras.width, faces.shape[0]
+    device = vertices.device
+    big = C * F  # sentinel "no face" in the face buffer (global id = camera * F + face)
+    zbuf = torch.full((C * H * W,), math.inf, device=device, dtype=torch.float32)
+    fbuf = torch.full((C * H * W,), big, device=device, dtype=torch.int64)
+    with torch.no_grad():
+        pix, z, cam = _project(vertices.detach().float(), cameras)
+        if F > 0 and C > 0:
+            # gathers through index_select: advanced indexing is several times slower on the CPU
+            fl = faces.reshape(-1)
+            pf = pix.index_select(1, fl).view(C, F, 3, 2)
+            zf = z.index_select(1, fl).view(C, F, 3)
+            camf = cam.index_select(1, fl).view(C, F, 3, 3)
+            valid = _valid_faces(zf, camf, pf, cameras, cull_backfaces)
+            pair = valid.reshape(-1).nonzero().squeeze(1)  # flat camera * F + face
+            ci = torch.div(pair, F, rounding_mode="floor")
+            fi = pair - ci * F
+            _rasterize_pairs(
+                pf.reshape(C * F, 3, 2).index_select(0, pair),
+                zf.reshape(C * F, 3).index_select(0, pair),
+                faces.index_select(0, fi),
+                ci,
+                pair,
+                cameras,
+                zbuf,
+                fbuf,
+                big,
+                max_candidates,
+            )
+    return zbuf, fbuf, big
 
 
 def _rasterize_pairs(
@@ -271,8 +356,10 @@ def _rasterize_pairs(
     y1 = torch.floor(hi[:, 1] - 0.5).long().clamp_max(H - 1)
     keep = (x1 >= x0) & (y1 >= y0)
     if not bool(keep.all()):
-        pf, zf, vid, cam_idx, gid = pf[keep], zf[keep], vid[keep], cam_idx[keep], gid[keep]
-        x0, y0, x1, y1 = x0[keep], y0[keep], x1[keep], y1[keep]
+        kept = keep.nonzero().squeeze(1)
+        pf, zf, vid, cam_idx, gid, x0, y0, x1, y1 = (
+            t.index_select(0, kept) for t in (pf, zf, vid, cam_idx, gid, x0, y0, x1, y1)
+        )
     if pf.shape[0] == 0:
         return
     # bucket by box size rounded up to powers of two
@@ -300,30 +387,40 @@ def _rasterize_pairs(
         offy = torch.arange(bh, device=pf.device)
         for s in range(0, count, chunk):
             idx = group[s : s + chunk]
-            py = y0[idx, None] + offy  # [n, bh] pixel rows
-            px = x0[idx, None] + offx  # [n, bw] pixel columns
-            ta = cy[idx, None, :] * ((py.float() + 0.5)[..., None] - start[idx, None, :, 1])  # [n, bh, 3]
-            tb = cx[idx, None, :] * ((px.float() + 0.5)[..., None] - start[idx, None, :, 0])  # [n, bw, 3]
-            ta[..., 0].masked_fill_(py > y1[idx, None], -math.inf)  # rows outside the box
-            tb[..., 0].masked_fill_(px > x1[idx, None], math.inf)  # columns outside the box
+            n = idx.numel()
+
+            def at(t: torch.Tensor, i: torch.Tensor = idx) -> torch.Tensor:
+                return t.index_select(0, i)
+
+            py = at(y0)[:, None] + offy  # [n, bh] pixel rows
+            px = at(x0)[:, None] + offx  # [n, bw] pixel columns
+            st = at(start)
+            ta = at(cy)[:, None, :] * ((py.float() + 0.5)[..., None] - st[:, None, :, 1])  # [n, bh, 3]
+            tb = at(cx)[:, None, :] * ((px.float() + 0.5)[..., None] - st[:, None, :, 0])  # [n, bw, 3]
+            ta[..., 0].masked_fill_(py > at(y1)[:, None], -math.inf)  # rows outside the box
+            tb[..., 0].masked_fill_(px > at(x1)[:, None], math.inf)  # columns outside the box
             inside = ta[:, :, None, 0] >= tb[:, None, :, 0]  # w_0 >= 0
             inside &= ta[:, :, None, 1] >= tb[:, None, :, 1]
             inside &= ta[:, :, None, 2] >= tb[:, None, :, 2]
-            n_idx, yy, xx = inside.nonzero(as_tuple=True)
-            if n_idx.numel() == 0:
+            hit = inside.reshape(-1).nonzero().squeeze(1)  # flat (n, bh, bw)
+            if hit.numel() == 0:
                 continue
-            sel = idx[n_idx]
-            _, depth = _perspective(ta[n_idx, yy] - tb[n_idx, xx], zf[sel])
-            ok = (depth >= cameras.near) & (depth <= cameras.far)
-            sel, depth, yy, xx = sel[ok], depth[ok], yy[ok], xx[ok]
-            p = (cam_idx[sel] * H + y0[sel] + yy) * W + x0[sel] + xx
-            g = gid[sel]
-            prev = zbuf[p]
+            row = torch.div(hit, bw, rounding_mode="floor")  # flat (n, bh)
+            n_idx = torch.div(row, bh, rounding_mode="floor")
+            yy, xx = row - n_idx * bh, hit - row * bw
+            w = at(ta.reshape(n * bh, 3), row) - at(tb.reshape(n * bw, 3), n_idx * bw + xx)
+            sel = at(idx, n_idx)
+            _, depth = _perspective(w, at(zf, sel))
+            ok = ((depth >= cameras.near) & (depth <= cameras.far)).nonzero().squeeze(1)
+            sel, depth, yy, xx = at(sel, ok), at(depth, ok), at(yy, ok), at(xx, ok)
+            p = (at(cam_idx, sel) * H + at(y0, sel) + yy) * W + at(x0, sel) + xx
+            g = at(gid, sel)
+            prev = at(zbuf, p)
             zbuf.scatter_reduce_(0, p, depth, reduce="amin")
-            cur = zbuf[p]
-            fbuf[p[cur < prev]] = big  # a nearer hit arrived: forget the old face
-            win = depth == cur
-            fbuf.scatter_reduce_(0, p[win], g[win], reduce="amin")
+            cur = at(zbuf, p)
+            fbuf.index_fill_(0, p[cur < prev], big)  # a nearer hit arrived: forget the old face
+            win = (depth == cur).nonzero().squeeze(1)
+            fbuf.scatter_reduce_(0, at(p, win), at(g, win), reduce="amin")
 
 
 def rasterize_reference(

@@ -4,7 +4,7 @@ The bake is texel-centric. Every covered texel has a surface point and a face no
 (:func:`~microdreamer.texture.atlas.texel_samples`). For each view:
 
 1. the splat is rendered (premultiplied colour over black, and alpha) and the mesh is rasterised
-   with :func:`microdreamer.render.mesh.rasterize` (its depth is the visibility buffer);
+   with :func:`microdreamer.render.mesh.rasterize_depth` (its depth is the visibility buffer);
 2. each texel's point is projected into the view. It counts only if it faces the camera (the cosine
    between its normal and the direction to the camera is above ``cos_threshold``) and is visible: at
    each of the four pixels its bilinear lookup touches, the mesh covers the pixel and the rasterised
@@ -33,6 +33,7 @@ import torch
 
 from microdreamer.cameras import Cameras, orbit_cameras
 from microdreamer.config import BakeConfig, BakeViewsConfig
+from microdreamer.cpu_pool import cpu_workers, map_single_threaded
 from microdreamer.texture.atlas import TexelSamples
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,9 @@ def splat_render_fn(splat, backend: str = "auto") -> RenderFn:
 
     def fn(cameras: Cameras) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            out = render(splat, cameras.to(splat.device), background=(0.0, 0.0, 0.0), backend=backend)
+            out = render(
+                splat, cameras.to(splat.device), background=(0.0, 0.0, 0.0), backend=backend, depth=False
+            )
         return out.rgb.float(), out.alpha.float()
 
     return fn
@@ -131,7 +134,7 @@ def bake_views(
         ``(colors [T, 3] float32, seen [T] bool, stats)``; stats holds ``seconds`` {``render``,
         ``rasterize``, ``project``} and ``views``.
     """
-    from microdreamer.render.mesh import rasterize
+    from microdreamer.render.mesh import rasterize_depth
 
     config = config or BakeConfig()
     device = vertices.device
@@ -155,12 +158,12 @@ def bake_views(
         seconds["render"] += time.perf_counter() - start
         start = time.perf_counter()
         with torch.no_grad():
-            frags = rasterize(vertices, faces, cams, cull_backfaces=config.cull_backfaces)
+            mesh_depth, covered = rasterize_depth(vertices, faces, cams, cull_backfaces=config.cull_backfaces)
         _sync(device)
         seconds["rasterize"] += time.perf_counter() - start
         start = time.perf_counter()
         rgba = torch.cat([rgb, alpha], dim=-1).reshape(-1, 4)
-        depth = torch.where(frags.alpha > 0, frags.depth, torch.full_like(frags.depth, math.inf))
+        depth = torch.where(covered > 0, mesh_depth, torch.full_like(mesh_depth, math.inf))
         _accumulate(samples, cams, rgba, depth.reshape(-1), config, num, den)
         _sync(device)
         seconds["project"] += time.perf_counter() - start
@@ -186,22 +189,60 @@ def _accumulate(
     config: BakeConfig,
     num: torch.Tensor,
     den: torch.Tensor,
+    compact: bool | None = None,
+    workers: int | None = None,
 ) -> None:
     """Add the weighted colours of c views to num [T, 3] and den [T] (in place).
 
     rgba: [c H W, 4] premultiplied colour and alpha of the renders; depth: [c H W] camera-space z of
-    the mesh raster, +inf where the mesh does not cover the pixel. All c x T (view, texel) pairs are
-    evaluated with masks, not compacted: no host synchronisation.
+    the mesh raster, +inf where the mesh does not cover the pixel.
+
+    compact: after the cheap tests (facing, in front, inside the image), evaluate the rest only for
+    the (view, texel) pairs that passed and scatter their weights and colours back: the same
+    operations on the same values, so the same sums to the bit (on the ghost's bake, a third of the
+    pairs pass). Its ``nonzero`` synchronises with the host, so on a GPU all c x T pairs are
+    evaluated with masks instead. None = compact on the CPU.
+    workers: on the CPU, ranges of texels on this many threads that run PyTorch single-threaded
+    (:mod:`microdreamer.cpu_pool`; every texel's sum over the views is its own); None =
+    :func:`~microdreamer.cpu_pool.cpu_workers`.
     """
+    if compact is None:
+        compact = rgba.device.type == "cpu"
+    T = len(samples)
+    if workers is None:
+        workers = cpu_workers(rgba.device, T)
+    bounds = [T * i // max(1, workers) for i in range(max(1, workers) + 1)]
+
+    def part(i: int) -> None:
+        a, b = bounds[i], bounds[i + 1]
+        _accumulate_texels(
+            samples.points[a:b], samples.normals[a:b], cams, rgba, depth, config, num[a:b], den[a:b], compact
+        )
+
+    map_single_threaded(part, range(len(bounds) - 1), workers)
+
+
+def _accumulate_texels(
+    points: torch.Tensor,
+    normals: torch.Tensor,
+    cams: Cameras,
+    rgba: torch.Tensor,
+    depth: torch.Tensor,
+    config: BakeConfig,
+    num: torch.Tensor,
+    den: torch.Tensor,
+    compact: bool,
+) -> None:
+    """:func:`_accumulate` for T texels at ``points`` [T, 3] with ``normals`` [T, 3], in this thread."""
     c, H, W = len(cams), cams.height, cams.width
+    T = points.shape[0]
     R, t = cams.viewmats[:, :3, :3], cams.viewmats[:, :3, 3]  # [c, 3, 3], [c, 3]
     fx_, fy_ = cams.Ks[:, 0, 0, None], cams.Ks[:, 1, 1, None]  # [c, 1]
     cx_, cy_ = cams.Ks[:, 0, 2, None], cams.Ks[:, 1, 2, None]
     centre = -(R.transpose(1, 2) @ t[:, :, None])[..., 0]  # [c, 3]
-    points = samples.points
     # facing: cos = n . (centre - p) / |centre - p|
     to_cam = centre[:, None, :] - points[None]  # [c, T, 3]
-    cos = (samples.normals[None] * to_cam).sum(-1) / to_cam.norm(dim=-1).clamp_min(1e-12)  # [c, T]
+    cos = (normals[None] * to_cam).sum(-1) / to_cam.norm(dim=-1).clamp_min(1e-12)  # [c, T]
     pc = torch.einsum("cij,tj->cti", R, points) + t[:, None, :]  # camera space [c, T, 3]
     z = pc[..., 2]
     zs = z.clamp_min(1e-9)
@@ -209,23 +250,78 @@ def _accumulate(
     y = fy_ * pc[..., 1] / zs + cy_ - 0.5
     ok = (cos > config.cos_threshold) & (cos > 0) & (z > cams.near)
     ok &= (x >= 0) & (y >= 0) & (x <= W - 1) & (y <= H - 1)
+    view = torch.arange(c, device=z.device)[:, None].expand(c, T)
+    fy_t = fy_.expand(c, T)
+    if compact:
+        pairs = torch.nonzero(ok.reshape(-1)).squeeze(1)  # flat (view, texel)
+
+        def take(v: torch.Tensor) -> torch.Tensor:
+            return v.reshape(-1).index_select(0, pairs)
+
+        cos, z, x, y, view, fy_t = (take(v) for v in (cos, z, x, y, view, fy_t))
+        weight, colour, ok_p = _pair_colours(cos, z, x, y, view, fy_t, H, W, rgba, depth, config)
+        weight = (
+            torch.zeros(c * T, device=z.device, dtype=weight.dtype).index_copy_(0, pairs, weight).view(c, T)
+        )
+        colour = torch.where(ok_p[:, None], colour, 0.0)
+        colour = torch.zeros(c * T, 3, device=z.device, dtype=colour.dtype).index_copy_(0, pairs, colour)
+        colour = colour.view(c, T, 3)
+    else:
+        weight, colour, ok_all = _pair_colours(cos, z, x, y, view, fy_t, H, W, rgba, depth, config, ok)
+        colour = torch.where(ok_all[..., None], colour, 0.0)
+    num += (weight[..., None] * colour).sum(dim=0)
+    den += weight.sum(dim=0)
+
+
+def _pair_colours(
+    cos: torch.Tensor,
+    z: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    view: torch.Tensor,
+    fy: torch.Tensor,
+    H: int,
+    W: int,
+    rgba: torch.Tensor,
+    depth: torch.Tensor,
+    config: BakeConfig,
+    ok: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Visibility, the bilinear lookup and the blending weight of (view, texel) pairs, any shape S.
+
+    Args:
+        cos, z: [S] the texel's facing cosine and camera depth; x, y: [S] its continuous pixel index
+            (inside the image); view: [S] int64 its view; fy: [S] that view's focal length in pixels.
+        rgba: [c H W, 4]; depth: [c H W] (see :func:`_accumulate`).
+        ok: [S] bool, the pairs that passed the cheap tests (None: all of them).
+
+    Returns:
+        (weight [S], 0 where not ok; colour [S, 3], undefined where not ok; ok [S] bool).
+    """
     x0 = x.nan_to_num(0.0).clamp(0, max(W - 2, 0)).floor().long()
     y0 = y.nan_to_num(0.0).clamp(0, max(H - 2, 0)).floor().long()
-    fx, fy = (x - x0).clamp(0, 1), (y - y0).clamp(0, 1)
+    fx, fy_frac = (x - x0).clamp(0, 1), (y - y0).clamp(0, 1)
     # depth tolerance: the surface's depth change over 1.5 pixels at this slope, plus depth_eps
     cpos = cos.clamp_min(1e-6)
     tan = (1.0 - cpos * cpos).clamp_min(0.0).sqrt() / cpos
-    tol = z * (config.depth_eps + 1.5 * tan / fy_.abs())
-    base = (torch.arange(c, device=z.device)[:, None] * H + y0) * W + x0
+    tol = z * (config.depth_eps + 1.5 * tan / fy.abs())
+    base = (view * H + y0) * W + x0
     x1 = (x0 + 1).clamp(max=W - 1) - x0
     y1 = ((y0 + 1).clamp(max=H - 1) - y0) * W
-    pix = torch.stack([base, base + x1, base + y1, base + y1 + x1], dim=-1)  # [c, T, 4]
-    ok &= ((depth[pix] - z[..., None]).abs() <= tol[..., None]).all(dim=-1)  # inf depth: not covered
-    wts = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], dim=-1)  # [c, T, 4]
-    sample = (wts[..., None] * rgba[pix]).sum(dim=-2)  # [c, T, 4]
+    pix = torch.stack([base, base + x1, base + y1, base + y1 + x1], dim=-1)  # [S, 4]
+    flat = pix.reshape(-1)
+    visible = (depth.index_select(0, flat).view(pix.shape) - z[..., None]).abs() <= tol[..., None]
+    vis = visible.all(dim=-1)  # inf depth: not covered
+    ok = vis if ok is None else ok & vis
+    wts = torch.stack(
+        [(1 - fx) * (1 - fy_frac), fx * (1 - fy_frac), (1 - fx) * fy_frac, fx * fy_frac], dim=-1
+    )  # [S, 4]
+    sample = (wts[..., None] * rgba.index_select(0, flat).view(*pix.shape, 4)).sum(dim=-2)  # [S, 4]
     a = sample[..., 3]
     ok &= (a >= config.min_alpha) & (a > 0)
-    weight = torch.where(ok, a * cpos**config.cos_power, 0.0)  # [c, T]
+    # cos ** power as exp(power * log(cos)): pow with a float exponent takes another code path for
+    # the last few elements of a CPU loop (1 ulp apart), exp and log do not, so the weights do not
+    # depend on how the pairs are split or compacted
+    weight = torch.where(ok, a * torch.exp(config.cos_power * torch.log(cpos)), 0.0)
     colour = sample[..., :3] / a.clamp_min(1e-12)[..., None]
-    num += (weight[..., None] * torch.where(ok[..., None], colour, 0.0)).sum(dim=0)
-    den += weight.sum(dim=0)
+    return weight, colour, ok
