@@ -78,6 +78,7 @@ def load_carve_at(rev: str) -> ModuleType:
                          capture_output=True, text=True).stdout  # fmt: skip
     spec = importlib.util.spec_from_loader(f"carve_at_{rev}", loader=None)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
     exec(compile(src, f"carve.py@{rev}", "exec"), module.__dict__)
     return module
 
