@@ -371,6 +371,59 @@ def test_footprints_boxes_hold_every_pixel_a_gaussian_reaches(seed):
             assert not bool((reached & ~box).any())
 
 
+def _bilinear64(image, pix):
+    """float64 ``image`` [U, V] at pixel positions ``pix`` [M, 2], linear between pixel centres, 0 outside."""
+    img = torch.nn.functional.pad(image.double(), (1, 1, 1, 1))
+    p = pix + 1.0
+    i0 = p.floor().long()
+    f = p - i0
+    u0, v0 = i0[:, 0], i0[:, 1]
+    top = img[u0, v0] * (1 - f[:, 1]) + img[u0, v0 + 1] * f[:, 1]
+    bottom = img[u0 + 1, v0] * (1 - f[:, 1]) + img[u0 + 1, v0 + 1] * f[:, 1]
+    return top * (1 - f[:, 0]) + bottom * f[:, 0]
+
+
+@pytest.mark.parametrize("r,count,chunk", [(9, 3, 1), (14, 7, 5), (33, 24, 1 << 15)])
+def test_hull_is_the_least_bilinear_tap(r, count, chunk):
+    """The hull at points of the cube (its corners included) is the least of the images' float64 bilinear
+    taps at the points' pixel positions, rounded to float32; images of different sizes share a canvas."""
+    from microdreamer.field.carve import _hull
+
+    g = torch.Generator().manual_seed(r)
+    bases, windows = _direction_set(r, count)
+    images = [torch.rand(size, generator=g) for _, size in windows]
+    corners = torch.tensor(
+        [[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)], dtype=torch.float64
+    )
+    points = torch.cat([corners, torch.rand(200, 3, generator=g, dtype=torch.float64) * 2 - 1])
+    h = 2.0 / (r - 1)
+    got = _hull(points, bases, windows, images, h, chunk=chunk)
+    ref = torch.stack([_bilinear64(img, (points @ b.T - torch.tensor(lo, dtype=torch.float64)) / h)
+                       for b, (lo, _), img in zip(bases, windows, images, strict=True)]).amin(0)  # fmt: skip
+    assert got.dtype == torch.float32 and got.shape == (points.shape[0],)
+    assert float((got.double() - ref).abs().max()) < 1e-7  # float32 rounding of values in [0, 1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_near_is_the_3x3x3_dilation(seed):
+    from microdreamer.field.carve import _near
+
+    g = torch.Generator().manual_seed(seed)
+    r = 12
+    inside = torch.rand(r, r, r, generator=g) > 0.97
+    if seed == 1:
+        inside = torch.zeros(r, r, r, dtype=torch.bool)
+        inside[0, 5, r - 1] = True  # one voxel on the grid's faces
+    if seed == 2:
+        inside = torch.zeros(r, r, r, dtype=torch.bool)
+        inside[3:5, 4, 6] = True
+    box, near = _near(inside)
+    ref = torch.nn.functional.max_pool3d(inside[None, None].float(), 3, stride=1, padding=1)[0, 0] > 0
+    full = torch.zeros_like(inside)
+    full[box] = near
+    assert torch.equal(full, ref)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("n,r,count", [(1, 9, 4), (57, 20, 9), (2000, 48, 24)])
 def test_projected_alphas_cuda_kernel_matches_torch(n, r, count):

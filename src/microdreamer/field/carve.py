@@ -380,24 +380,66 @@ def projected_alphas(
     return [alpha[k, : size[0], : size[1]] for k, (_, size) in enumerate(windows)]
 
 
-def _bilinear(image: torch.Tensor, pix: torch.Tensor) -> torch.Tensor:
-    """[M] float32: ``image`` [U, V] at the fractional pixel positions ``pix`` [M, 2] (float64), linear
-    between pixel centres, 0 outside the image."""
-    u_size, v_size = image.shape
-    padded = torch.nn.functional.pad(image, (1, 1, 1, 1))  # zero outside the image
-    p = pix + 1.0
-    p = torch.stack([p[:, 0].clamp(0.0, u_size + 1.0), p[:, 1].clamp(0.0, v_size + 1.0)], -1)
-    i0 = p.floor().long()
-    i0 = torch.stack([i0[:, 0].clamp(max=u_size), i0[:, 1].clamp(max=v_size)], -1)
-    f = (p - i0.double()).float()
-    w = v_size + 2
-    flat = padded.reshape(-1)
-    base = i0[:, 0] * w + i0[:, 1]
-    a00, a01 = flat[base], flat[base + 1]
-    a10, a11 = flat[base + w], flat[base + w + 1]
-    top = a00 + (a01 - a00) * f[:, 1]
-    bottom = a10 + (a11 - a10) * f[:, 1]
-    return top + (bottom - top) * f[:, 0]
+def _hull(
+    points: torch.Tensor,
+    bases: list[torch.Tensor],
+    windows: list[tuple[tuple[float, float], tuple[int, int]]],
+    images: list[torch.Tensor],
+    h: float,
+    chunk: int = 1 << 15,
+) -> torch.Tensor:
+    """[M] float32: the least over D directions of image k [U_k, V_k] at the projections of ``points``
+    [M, 3] (float64, normalised coordinates) onto ``bases[k]``, pixel ``(p . e - lo) / h`` per row ``e`` of
+    the basis, linear between pixel centres, 0 outside the image.
+
+    The images lie side by side on one float64 canvas, each followed by a column of zeros, and
+    ``grid_sample`` (bilinear, zero padding) samples all of them at once, ``chunk`` points at a time, at
+    coordinates from one matrix product per chunk."""
+    device = points.device
+    d = len(images)
+    u_c, v_c = max(x.shape[0] for x in images), max(x.shape[1] for x in images) + 1
+    canvas = torch.zeros(u_c, d, v_c, dtype=torch.float64, device=device)
+    for k, image in enumerate(images):
+        canvas[: image.shape[0], k, : image.shape[1]] = image
+    # grid_sample's (x, y) = (column, row) of the canvas, scaled to [-1, 1] (align_corners): 2 c / (size - 1) - 1
+    scale = torch.tensor([2.0 / (d * v_c - 1), 2.0 / (u_c - 1)], dtype=torch.float64, device=device)
+    e = torch.stack(bases).to(device=device, dtype=torch.float64).flip(1)  # [D, 2, 3] rows (e2, e1)
+    lo = torch.tensor([lo for lo, _ in windows], dtype=torch.float64, device=device).flip(1)  # [D, 2]
+    first = torch.zeros(d, 2, dtype=torch.float64, device=device)
+    first[:, 0] = torch.arange(d, device=device) * v_c  # image k's first canvas column
+    # [4, D * 2]: (x, y) of every image from homogeneous points (p, 1)
+    weights = torch.cat([e * (scale / h)[:, None], ((first - lo / h) * scale - 1.0)[:, :, None]], -1)
+    weights = weights.permute(2, 0, 1).reshape(4, 2 * d).contiguous()
+    hull = torch.empty(points.shape[0], dtype=torch.float32, device=device)
+    homogeneous = torch.ones(min(chunk, points.shape[0]), 4, dtype=torch.float64, device=device)
+    for c0 in range(0, points.shape[0], chunk):
+        m = min(chunk, points.shape[0] - c0)
+        homogeneous[:m, :3] = points[c0 : c0 + m]
+        grid = (homogeneous[:m] @ weights).view(1, m, d, 2)
+        taps = torch.nn.functional.grid_sample(canvas.view(1, 1, u_c, d * v_c), grid, mode="bilinear",
+                                               padding_mode="zeros", align_corners=True)  # fmt: skip
+        hull[c0 : c0 + m] = taps.view(m, d).amin(1)
+    return hull
+
+
+def _near(inside: torch.Tensor) -> tuple[tuple[slice, slice, slice], torch.Tensor]:
+    """The voxels of ``inside`` [R, R, R] bool and their 26 neighbours: the box around them (slices of
+    the grid) and the mask of those voxels in it (a 3x3x3 dilation, one axis at a time)."""
+    flags = inside.view(torch.uint8)  # max-reductions of bytes are vectorised, those of bools are not
+    across = flags.amax(2)  # [R, R]
+    hits = (across.amax(1), across.amax(0), flags.view(-1, flags.shape[2]).amax(0))
+    box = []
+    for axis, hit in enumerate(hits):
+        hit = torch.nonzero(hit).flatten()
+        box.append(slice(max(int(hit[0]) - 1, 0), min(int(hit[-1]) + 2, inside.shape[axis])))
+    near = inside[tuple(box)].clone()
+    for axis in range(3):
+        n = near.shape[axis]
+        if n > 1:
+            was = near.clone()
+            near.narrow(axis, 1, n - 1).logical_or_(was.narrow(axis, 0, n - 1))
+            near.narrow(axis, 0, n - 1).logical_or_(was.narrow(axis, 1, n - 1))
+    return tuple(box), near
 
 
 @dataclass
@@ -456,29 +498,24 @@ def carve_field(
     device = values.device
     raw = raw.to(device)
     inside = values > level
-    inside_before = int(inside.sum())
-    if inside_before == 0:
+    if not bool(inside.view(torch.uint8).max()):
         return CarveResult(values, directions, 0, 0, 0, "no voxel is above the level")
-    near = torch.nn.functional.max_pool3d(inside[None, None].float(), 3, stride=1, padding=1)[0, 0] > 0
-    idx = torch.nonzero(near.reshape(-1)).flatten()
-    axis = grid.axis(device).double()
-    points = torch.stack([axis[idx // (r * r)], axis[(idx // r) % r], axis[idx % r]], -1)
+    box, near = _near(inside)
+    inside_before = int(inside[box].sum())
+    start = torch.tensor([x.start for x in box], device=device)
+    points = grid.axis(device).double()[torch.nonzero(near) + start]  # [M, 3]
     bases = [direction_basis(d) for d in carving_directions(directions)]
     windows = [plane_window(b, r) for b in bases]
     given = 3 if axis_images is not None else 0
     images = [x.to(device) for x in (axis_images or [])] + projected_alphas(
         raw, bases[given:], windows[given:], h, dilation, backend
     )
-    hull = torch.ones(idx.numel(), dtype=torch.float32, device=device)
-    for basis, (lo, _), image in zip(bases, windows, images, strict=True):
-        pix = (points @ basis.to(device).T - torch.tensor(lo, dtype=torch.float64, device=device)) / h
-        hull = torch.minimum(hull, _bilinear(image, pix))
-    flat = values.reshape(-1)
-    carved_at = torch.minimum(flat[idx], (level / alpha_level) * hull)
+    hull = _hull(points, bases, windows, images, h)
+    carved_at = torch.minimum(values[box][near], (level / alpha_level) * hull)
     inside_after = int((carved_at > level).sum())
     if inside_after == 0:
-        return CarveResult(values, directions, idx.numel(), inside_before, inside_before,
+        return CarveResult(values, directions, hull.numel(), inside_before, inside_before,
                            f"the splat's alpha never reaches {alpha_level:g} where its density is above the level")  # fmt: skip
-    out = flat.clone()
-    out[idx] = carved_at
-    return CarveResult(out.reshape(values.shape), directions, idx.numel(), inside_before, inside_after)
+    out = values.clone()
+    out[box][near] = carved_at
+    return CarveResult(out, directions, hull.numel(), inside_before, inside_after)
