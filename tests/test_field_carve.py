@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from microdreamer.field import FieldConfig, density_field, prepare_gaussians
+from microdreamer.field import FieldConfig, PreparedGaussians, density_field, prepare_gaussians
 from microdreamer.field.carve import (
     carve_field,
     carving_directions,
     direction_basis,
+    footprints,
     plane_window,
     projected_alpha,
     projected_alphas,
@@ -277,6 +278,150 @@ def test_projected_alphas_torch_is_projected_alpha_per_direction():
         assert torch.equal(image, projected_alpha(prepared, b, lo, size, 2.0 / 12, dtype=torch.float32))
     with pytest.raises(ValueError):
         projected_alphas(prepared, bases, windows, 2.0 / 12, backend="cuda")  # CPU tensors
+
+
+def _splat_for_images(n, r, seed):
+    """n random Gaussians on an r^3 grid (small and large ones), one partly off the grid and a needle
+    wider than the grid among them when n > 2; n = 0: no Gaussian."""
+    if n == 0:
+        z = torch.zeros(0)
+        return PreparedGaussians(z.reshape(0, 3), z, z.reshape(0, 3, 3), z.reshape(0, 3))
+    s = make_random_splat(n, seed=seed, spread=0.9, log_scale_mean=-2.6, log_scale_std=1.0)
+    if n > 2:
+        s.means[0] = torch.tensor([2.5, 0.1, -0.2])
+        s.log_scales[1] = torch.tensor([0.5, -6.0, -6.0])
+    return prepare_gaussians(s, FieldConfig(resolution=r, voxel_filter=0.0))[0]
+
+
+def _kernel_terms_alpha(prepared, bases, windows, h):
+    """Per direction, 1 - exp(sum of log1p(-a)) with every term in float32 as carve.cu computes it
+    (du = iu + offset_u, q = ((a du) du + ((2 b) du) dv) + (c dv) dv, a = min(0.999, o exp(-0.5 q)), kept
+    when a >= 1/255), one (direction, Gaussian) box at a time, summed in float64."""
+    fp = footprints(prepared, bases, windows, h, dtype=torch.float32)
+    out = []
+    for k, (_, size) in enumerate(windows):
+        log_t = torch.zeros(size, dtype=torch.float64)
+        for i in range(len(prepared)):
+            (fu, fv), (eu, ev) = fp.first[k, i].tolist(), fp.extent[k, i].tolist()
+            if eu * ev == 0:
+                continue
+            pa, pb, pc = fp.precision[k, i]
+            du = torch.arange(eu, dtype=torch.float32)[:, None] + fp.offset[k, i, 0]
+            dv = torch.arange(ev, dtype=torch.float32)[None, :] + fp.offset[k, i, 1]
+            q = ((pa * du) * du + ((2.0 * pb) * du) * dv) + (pc * dv) * dv
+            a = (fp.opacity[i] * torch.exp(-0.5 * q)).clamp(max=0.999)
+            a = torch.where(a >= torch.tensor(1 / 255, dtype=torch.float32), a, 0.0)
+            log_t[fu : fu + eu, fv : fv + ev] += torch.log1p(-a).double()
+        out.append(-torch.expm1(log_t))
+    return out
+
+
+@pytest.mark.parametrize("n,r,count", [(0, 9, 4), (1, 9, 4), (2, 12, 5), (57, 20, 9), (161, 33, 6)])
+def test_projected_alphas_torch_terms_are_the_kernels(n, r, count):
+    """The grouped, padded evaluation of the PyTorch path gives the images of the kernel's float32 terms
+    taken one box at a time; its sums are float32 in another order: the images agree to float32 rounding."""
+    prepared = _splat_for_images(n, r, seed=300 + n)
+    bases, windows = _direction_set(r, count)
+    h = 2.0 / (r - 1)
+    ref = _kernel_terms_alpha(prepared, bases, windows, h)
+    for max_pairs in (1, 53, 1 << 18):  # one box at a time, chunks across boxes, all at once
+        got = projected_alphas(prepared, bases, windows, h, backend="torch", max_pairs=max_pairs)
+        for a, b, (_, size) in zip(got, ref, windows, strict=True):
+            assert a.shape == size and a.dtype == torch.float32
+            # float32 sums of up to a few hundred terms of at most |log(0.001)| = 6.9
+            assert float((a.double() - b).abs().max()) < 2e-6
+
+
+def test_projected_alphas_torch_does_not_depend_on_the_chunking():
+    """Chunks split the groups of boxes without reordering their terms: bit for bit the same images."""
+    prepared = _splat_for_images(90, 30, seed=310)
+    bases, windows = _direction_set(30, 6)
+    h = 2.0 / 29
+    ref = projected_alphas(prepared, bases, windows, h, backend="torch")
+    for max_pairs in (1, 97, 4096):
+        got = projected_alphas(prepared, bases, windows, h, backend="torch", max_pairs=max_pairs)
+        assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_footprints_boxes_hold_every_pixel_a_gaussian_reaches(seed):
+    """Every pixel where a Gaussian's float64 alpha (the brute force's) is at least 1/255 lies in its box."""
+    r = 17
+    prepared = _splat_for_images(40, r, seed=320 + seed)
+    bases, windows = _direction_set(r, 7)
+    h = 2.0 / (r - 1)
+    fp = footprints(prepared, bases, windows, h)
+    n = len(prepared)
+    assert fp.precision.shape == (7, n, 3) and fp.offset.shape == (7, n, 2) and fp.opacity.shape == (n,)
+    assert fp.first.shape == fp.extent.shape == (7, n, 2) and fp.first.dtype == fp.extent.dtype == torch.int64
+    m = prepared.transforms.double()
+    cov = torch.linalg.inv(m.transpose(1, 2) @ m)
+    for k, (b, (lo, size)) in enumerate(zip(bases, windows, strict=True)):
+        iu = torch.arange(size[0], dtype=torch.float64) * h + lo[0]
+        iv = torch.arange(size[1], dtype=torch.float64) * h + lo[1]
+        uv = torch.stack(torch.meshgrid(iu, iv, indexing="ij"), -1)
+        for i in range(n):
+            c2 = b @ cov[i] @ b.T + 0.3 * h * h * torch.eye(2, dtype=torch.float64)
+            d = uv - b @ prepared.means.double()[i]
+            q = ((d @ torch.linalg.inv(c2)) * d).sum(-1)
+            reached = prepared.opacities.double()[i] * torch.exp(-0.5 * q) >= 1 / 255 * (1 + 1e-9)
+            box = torch.zeros(size, dtype=torch.bool)
+            (fu, fv), (eu, ev) = fp.first[k, i].tolist(), fp.extent[k, i].tolist()
+            box[fu : fu + eu, fv : fv + ev] = True
+            assert not bool((reached & ~box).any())
+
+
+def _bilinear64(image, pix):
+    """float64 ``image`` [U, V] at pixel positions ``pix`` [M, 2], linear between pixel centres, 0 outside."""
+    img = torch.nn.functional.pad(image.double(), (1, 1, 1, 1))
+    p = pix + 1.0
+    i0 = p.floor().long()
+    f = p - i0
+    u0, v0 = i0[:, 0], i0[:, 1]
+    top = img[u0, v0] * (1 - f[:, 1]) + img[u0, v0 + 1] * f[:, 1]
+    bottom = img[u0 + 1, v0] * (1 - f[:, 1]) + img[u0 + 1, v0 + 1] * f[:, 1]
+    return top * (1 - f[:, 0]) + bottom * f[:, 0]
+
+
+@pytest.mark.parametrize("r,count,chunk", [(9, 3, 1), (14, 7, 5), (33, 24, 1 << 15)])
+def test_hull_is_the_least_bilinear_tap(r, count, chunk):
+    """The hull at points of the cube (its corners included) is the least of the images' float64 bilinear
+    taps at the points' pixel positions, rounded to float32; images of different sizes share a canvas."""
+    from microdreamer.field.carve import _hull
+
+    g = torch.Generator().manual_seed(r)
+    bases, windows = _direction_set(r, count)
+    images = [torch.rand(size, generator=g) for _, size in windows]
+    corners = torch.tensor(
+        [[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)], dtype=torch.float64
+    )
+    points = torch.cat([corners, torch.rand(200, 3, generator=g, dtype=torch.float64) * 2 - 1])
+    h = 2.0 / (r - 1)
+    got = _hull(points, bases, windows, images, h, chunk=chunk)
+    ref = torch.stack([_bilinear64(img, (points @ b.T - torch.tensor(lo, dtype=torch.float64)) / h)
+                       for b, (lo, _), img in zip(bases, windows, images, strict=True)]).amin(0)  # fmt: skip
+    assert got.dtype == torch.float32 and got.shape == (points.shape[0],)
+    assert float((got.double() - ref).abs().max()) < 1e-7  # float32 rounding of values in [0, 1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_near_is_the_3x3x3_dilation(seed):
+    from microdreamer.field.carve import _near
+
+    g = torch.Generator().manual_seed(seed)
+    r = 12
+    inside = torch.rand(r, r, r, generator=g) > 0.97
+    if seed == 1:
+        inside = torch.zeros(r, r, r, dtype=torch.bool)
+        inside[0, 5, r - 1] = True  # one voxel on the grid's faces
+    if seed == 2:
+        inside = torch.zeros(r, r, r, dtype=torch.bool)
+        inside[3:5, 4, 6] = True
+    box, near = _near(inside)
+    ref = torch.nn.functional.max_pool3d(inside[None, None].float(), 3, stride=1, padding=1)[0, 0] > 0
+    full = torch.zeros_like(inside)
+    full[box] = near
+    assert torch.equal(full, ref)
 
 
 @pytest.mark.cuda

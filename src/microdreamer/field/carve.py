@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import torch
 
-from microdreamer.field.binning import chunk_bounds
 from microdreamer.field.common import GridSpec, PreparedGaussians
 
 # the 3DGS rasteriser's limits on one Gaussian's alpha at a pixel and its low-pass filter (squared pixels)
@@ -106,13 +105,13 @@ def plane_window(basis: torch.Tensor, resolution: int) -> tuple[tuple[float, flo
 
 @dataclass
 class Footprints:
-    """Each Gaussian's projection onto one image (:func:`footprints`).
+    """Each Gaussian's projection onto each of D images (:func:`footprints`).
 
     Attributes:
-        precision: [N, 3] (a, b, c) of the inverse 2D covariance, in squared pixels.
-        offset: [N, 2] the box's first pixel minus the projected centre, in pixels.
-        first: [N, 2] int64 the box's first pixel (u, v).
-        extent: [N, 2] int64 the box's pixels along u and v (0: the Gaussian adds nothing to this image).
+        precision: [D, N, 3] (a, b, c) of the inverse 2D covariance, in squared pixels.
+        offset: [D, N, 2] the box's first pixel minus the projected centre, in pixels.
+        first: [D, N, 2] int64 the box's first pixel (u, v).
+        extent: [D, N, 2] int64 the box's pixels along u and v (0: the Gaussian adds nothing to this image).
         opacity: [N] the opacity, at most 1.
     """
 
@@ -123,45 +122,179 @@ class Footprints:
     opacity: torch.Tensor
 
 
-def footprints(
+def _marginal_inputs(
     prepared: PreparedGaussians,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What every direction's footprints start from, float64: the covariances [9, N] (row-major 3x3 in
+    each column), the centres [3, N], the opacities [N] (at most 1) and the largest q where alpha reaches
+    1/255 [N]."""
+    rs = torch.linalg.inv(prepared.transforms.double())  # M^-1 = R S
+    sigma = (rs @ rs.transpose(1, 2)).reshape(-1, 9).T.contiguous()  # R S S R^T
+    opac = prepared.opacities.double().clamp(max=1.0)
+    # a_i >= 1/255 needs q <= 2 ln(255 o_i)
+    q_max = 2.0 * torch.log(opac / MIN_ALPHA).clamp_min(0.0)
+    return sigma, prepared.means.double().T.contiguous(), opac, q_max
+
+
+def _footprint(
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     basis: torch.Tensor,
     lo: tuple[float, float],
     size: tuple[int, int],
     h: float,
+    dilation: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One direction's footprints (:func:`footprints`) from :func:`_marginal_inputs`, a row per component:
+    precision [3, N] and offset [2, N] float64, first and extent [2, N] int64."""
+    sigma, means, _, q_max = inputs
+    e = basis.to(device=means.device, dtype=torch.float64)
+    # the plane's marginal e_a Sigma e_b^T for (a, b) = (0, 0), (0, 1), (1, 1), plus the low-pass filter
+    weights = torch.stack([torch.outer(e[0], e[0]), torch.outer(e[0], e[1]), torch.outer(e[1], e[1])])
+    cov2 = weights.reshape(3, 9) @ sigma
+    cu = cov2[0] + dilation * h * h
+    cuv = cov2[1]
+    cv = cov2[2] + dilation * h * h
+    det = cu * cv - cuv**2
+    # precision (a, b, c) of [[a, b], [b, c]] = cov2^-1 in squared pixels; det > 0 when dilation > 0 or
+    # the Gaussian is not flat
+    precision = torch.stack([cv, -cuv, cu]).div_(det).mul_(h * h)
+    mu = e @ means
+    half = torch.stack([cu, cv]).mul_(q_max).sqrt_()  # the box around that ellipse
+    lo_t = torch.tensor(lo, dtype=torch.float64, device=mu.device)[:, None]
+    last_px = torch.tensor([size[0] - 1, size[1] - 1], dtype=torch.float64, device=mu.device)[:, None]
+    low, high = mu - half, mu + half
+    first = torch.minimum((low - lo_t).div_(h).sub_(1e-9).ceil_().clamp_(min=0.0), last_px)
+    last = torch.minimum((high - lo_t).div_(h).add_(1e-9).floor_(), last_px).clamp_(min=-1.0)
+    outside = (high < lo_t - h) | (low > lo_t + last_px * h + h) | ~torch.isfinite(half)
+    empty = outside.any(0) | (last < first).any(0)
+    extent = torch.where(empty, 0.0, last - first + 1.0).long()
+    # each centre in pixels from its box's first pixel: (lo + first h - mu) / h, a small number
+    offset = (first * h).add_(lo_t).sub_(mu).div_(h)
+    return precision, offset, first.long(), extent
+
+
+def footprints(
+    prepared: PreparedGaussians,
+    bases: list[torch.Tensor],
+    windows: list[tuple[tuple[float, float], tuple[int, int]]],
+    h: float,
     dilation: float = DILATION,
     dtype: torch.dtype = torch.float64,
 ) -> Footprints:
-    """Each Gaussian's marginal on the plane of ``basis`` as pixels of the image ``(lo, size, h)`` (see
-    :func:`projected_alpha`): computed in float64, the precision, offsets and opacity rounded to ``dtype``.
-    The box holds every pixel where the Gaussian's alpha can reach 1/255."""
-    u_size, v_size = int(size[0]), int(size[1])
+    """Each Gaussian's marginal on the plane of ``bases[k]`` as pixels of the image ``windows[k] = (lo, size)``
+    of spacing ``h`` (see :func:`projected_alpha`), for D directions: computed in float64, the precision,
+    offsets and opacity rounded to ``dtype``. The box holds every pixel where the Gaussian's alpha can reach
+    1/255."""
+    inputs = _marginal_inputs(prepared)
+    parts = [
+        _footprint(inputs, b, lo, size, h, dilation) for b, (lo, size) in zip(bases, windows, strict=True)
+    ]
+    precision, offset, first, extent = (torch.stack(x).transpose(1, 2) for x in zip(*parts, strict=True))
+    return Footprints(precision.to(dtype), offset.to(dtype), first, extent, inputs[2].to(dtype))
+
+
+def _block_sides(largest: int, exact: int = 8, growth: float = 1.2) -> torch.Tensor:
+    """[S] int64 increasing block sides up to at least ``largest``: every side up to ``exact``, then
+    growing by about ``growth`` (a box side is padded to the next block side, by less than that factor)."""
+    sides = list(range(1, exact + 1))
+    while sides[-1] < largest:
+        sides.append(max(sides[-1] + 1, int(sides[-1] * growth)))
+    return torch.tensor(sides)
+
+
+def _log_transmittance(
+    prepared: PreparedGaussians,
+    bases: list[torch.Tensor],
+    windows: list[tuple[tuple[float, float], tuple[int, int]]],
+    h: float,
+    dilation: float,
+    max_pairs: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, tuple[int, int]]:
+    """sum_i log(1 - a_i) at every pixel of the D images (:func:`projected_alphas`' PyTorch path), in
+    ``dtype`` terms and sums.
+
+    Each direction's nonempty footprints are listed, the (direction, Gaussian) pairs of every direction
+    are grouped by box size, and each group is evaluated as dense [n, Bu, Bv] blocks (each box padded to
+    its group's block, the padding's terms exactly 0), ``max_pairs`` block pixels at a time. A term is
+
+        -0.5 q = (a' du) du + (b' du) dv + (c' dv) dv,   a' = -a / 2, b' = -b, c' = -c / 2,
+
+    bit for bit -0.5 (((a du) du + ((2 b) du) dv) + (c dv) dv), the CUDA kernel's order (scaling by a
+    power of two commutes with rounding, away from subnormal numbers, where q rounds to 0 either way); then
+    a = min(0.999, o exp(-0.5 q)), kept when a >= 1/255, added as log1p(-a).
+
+    Returns:
+        The sums [D * U' * V'] on a canvas of (U', V') pixels per direction, at least the largest window
+        (image k's pixel (u, v) at ``(k U' + u) V' + v``), and (U', V').
+    """
     device = prepared.means.device
-    e = basis.to(device=device, dtype=torch.float64)
-    rs = torch.linalg.inv(prepared.transforms.double())  # M^-1 = R S
-    rs2 = e @ rs  # [N, 2, 3]: the plane's rows of R S
-    cov2 = rs2 @ rs2.transpose(1, 2) + dilation * h * h * torch.eye(2, dtype=torch.float64, device=device)
-    det = cov2[:, 0, 0] * cov2[:, 1, 1] - cov2[:, 0, 1] ** 2
-    # precision (a, b, c) of [[a, b], [b, c]] = cov2^-1 in squared pixels; det > 0 when dilation > 0 or
-    # the Gaussian is not flat
-    precision = torch.stack([cov2[:, 1, 1], -cov2[:, 0, 1], cov2[:, 0, 0]], -1) / det[:, None] * (h * h)
-    mu = prepared.means.double() @ e.T
-    opac = prepared.opacities.double().clamp(max=1.0)
-    # a_i >= 1/255 needs q <= 2 ln(255 o_i): the box around that ellipse, in pixels
-    q_max = 2.0 * torch.log(opac / MIN_ALPHA).clamp_min(0.0)
-    half = (q_max[:, None] * torch.stack([cov2[:, 0, 0], cov2[:, 1, 1]], -1)).sqrt()
-    lo_t = torch.tensor(lo, dtype=torch.float64, device=device)
-    last_px = torch.tensor([u_size - 1, v_size - 1], device=device)
-    first = torch.minimum(torch.ceil((mu - half - lo_t) / h - 1e-9).clamp_min(0), last_px).long()
-    last = torch.minimum(torch.floor((mu + half - lo_t) / h + 1e-9), last_px).clamp_min(-1).long()
-    hi_t = lo_t + last_px.double() * h
-    outside = ((mu + half) < lo_t - h) | ((mu - half) > hi_t + h) | ~torch.isfinite(half)
-    extent = torch.where(outside, torch.zeros_like(first), (last - first + 1).clamp_min(0))
-    extent = torch.where(outside.any(-1, keepdim=True) | (extent == 0).any(-1, keepdim=True),
-                         torch.zeros_like(extent), extent)  # fmt: skip
-    # each centre in pixels from its box's first pixel: (lo + first h - mu) / h, a small number
-    offset = (lo_t + first.double() * h - mu) / h
-    return Footprints(precision.to(dtype), offset.to(dtype), first, extent, opac.to(dtype))
+    u_max = max(int(size[0]) for _, size in windows)
+    v_max = max(int(size[1]) for _, size in windows)
+    inputs = _marginal_inputs(prepared)
+    columns = []  # per direction: (k, fu, fv, eu, ev) int64, (a', b', c', ou, ov, o) in dtype, of its boxes
+    for k, (basis, (lo, size)) in enumerate(zip(bases, windows, strict=True)):
+        precision, offset, first, extent = _footprint(inputs, basis, lo, size, h, dilation)
+        keep = torch.nonzero(extent[0]).flatten()
+        pa, pb, pc, ou, ov = torch.cat([precision, offset]).index_select(1, keep).to(dtype)
+        fu, fv, eu, ev = torch.cat([first, extent]).index_select(1, keep)
+        o = inputs[2].index_select(0, keep).to(dtype)
+        columns.append((torch.full_like(keep, k), fu, fv, eu, ev, -0.5 * pa, -pb, -0.5 * pc, ou, ov, o))
+    k, fu, fv, eu, ev, a_, b_, c_, ou, ov, opacity = (torch.cat(c) for c in zip(*columns, strict=True))
+    if k.numel() == 0:
+        return torch.zeros(len(bases) * u_max * v_max, dtype=dtype, device=device), (u_max, v_max)
+    sides = _block_sides(int(torch.maximum(eu.max(), ev.max()))).to(device)
+    # each box side's block side and its index: the first block side at least as long
+    level_of = torch.searchsorted(sides, torch.arange(int(sides[-1]) + 1, device=device))
+    lu, lv = level_of.index_select(0, eu), level_of.index_select(0, ev)
+    canvas = (max(u_max, int((fu + sides.index_select(0, lu)).max())),
+              max(v_max, int((fv + sides.index_select(0, lv)).max())))  # fmt: skip
+    base = (k * canvas[0] + fu) * canvas[1] + fv
+    key = lu * len(sides) + lv
+    key, order = torch.sort(key.to(torch.int16) if len(sides) ** 2 < 2**15 else key, stable=True)
+    base, eu, ev, a_, b_, c_, ou, ov, opacity = (x.index_select(0, order)
+                                                  for x in (base, eu, ev, a_, b_, c_, ou, ov, opacity))  # fmt: skip
+    keys, counts = torch.unique_consecutive(key, return_counts=True)
+    starts = [0, *torch.cumsum(counts, 0).tolist()]
+    group_blocks = [(int(sides[x // len(sides)]), int(sides[x % len(sides)])) for x in keys.tolist()]
+    # sides up to the first gap are whole boxes: no padding
+    exact = int((sides == torch.arange(1, len(sides) + 1, device=device)).sum())
+    log_t = torch.zeros(len(bases) * canvas[0] * canvas[1], dtype=dtype, device=device)
+    index_dtype = torch.int32 if log_t.numel() < 2**31 else torch.int64
+    base = base.to(index_dtype)
+    steps = torch.arange(int(sides[-1]), device=device)
+    steps_f = steps.to(dtype)
+    largest = max(max_pairs, max(bu * bv for bu, bv in group_blocks))
+    terms = torch.empty(largest, dtype=dtype, device=device)
+    cells = torch.empty(largest, dtype=index_dtype, device=device)
+    # a <= the float below 1/255, i.e. a < 1/255: 0
+    skip = float(torch.nextafter(torch.tensor(MIN_ALPHA, dtype=dtype), torch.tensor(0.0, dtype=dtype)))
+    for (bu, bv), g0, g1 in zip(group_blocks, starts[:-1], starts[1:], strict=True):
+        block_cells = (steps[:bu, None] * canvas[1] + steps[:bv]).to(index_dtype)
+        chunk = max(1, max_pairs // (bu * bv))
+        for c0 in range(g0, g1, chunk):
+            s = slice(c0, min(c0 + chunk, g1))
+            n = s.stop - s.start
+            du = steps_f[:bu] + ou[s, None]  # [n, bu]: float(iu) + ou
+            dv = steps_f[:bv] + ov[s, None]
+            qa = (a_[s, None] * du).mul_(du)
+            qc = (c_[s, None] * dv).mul_(dv)
+            if bu > exact:
+                qa.masked_fill_(steps[:bu] >= eu[s, None], -math.inf)  # padding: exp(-inf) = 0
+            if bv > exact:
+                qc.masked_fill_(steps[:bv] >= ev[s, None], -math.inf)
+            t = torch.mul(
+                (b_[s, None] * du)[:, :, None], dv[:, None, :], out=terms[: n * bu * bv].view(n, bu, bv)
+            )
+            t += qa[:, :, None]
+            t += qc[:, None, :]
+            # -q/2 < ln(1/255) gives a < 1/255 whatever the opacity: a floor far below that changes no kept
+            # term and keeps exp out of subnormal results, which are slow on CPUs
+            t.clamp_(min=-30.0).exp_().mul_(opacity[s, None, None]).clamp_(max=MAX_ALPHA)
+            torch.nn.functional.threshold_(t, skip, 0.0)
+            at = torch.add(base[s, None, None], block_cells, out=cells[: n * bu * bv].view(n, bu, bv))
+            log_t.index_add_(0, at.view(-1), t.neg_().log1p_().view(-1))
+    return log_t, canvas
 
 
 def projected_alpha(
@@ -171,7 +304,7 @@ def projected_alpha(
     size: tuple[int, int],
     h: float,
     dilation: float = DILATION,
-    max_pairs: int = 1 << 22,
+    max_pairs: int = 1 << 18,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """The splat's orthographic alpha on a pixel grid of the plane across a direction (module docstring),
@@ -185,7 +318,7 @@ def projected_alpha(
         size: (U, V) pixels.
         h: the pixel spacing (normalised units); the low-pass filter adds ``dilation * h^2``.
         dilation: squared pixels added to every 2D covariance.
-        max_pairs: (Gaussian, pixel) pairs evaluated at once (memory: about 80 bytes each).
+        max_pairs: (Gaussian, pixel) pairs evaluated at once (memory: about 16 bytes each, padding included).
         dtype: the arithmetic of each (Gaussian, pixel) term and of the sums: float64, or float32 (about
             twice as fast on a CPU; each Gaussian's projection, box and offsets are still computed in
             float64, and the terms in pixels from their box, so float32 only rounds them).
@@ -193,34 +326,17 @@ def projected_alpha(
     Returns:
         [U, V] float32 alpha on the Gaussians' device.
     """
-    u_size, v_size = int(size[0]), int(size[1])
-    device = prepared.means.device
+    return _torch_alphas(prepared, [basis], [(lo, size)], h, dilation, max_pairs, dtype)[0]
+
+
+def _torch_alphas(prepared, bases, windows, h, dilation, max_pairs, dtype) -> list[torch.Tensor]:
+    """:func:`projected_alphas`' PyTorch path: the D images, [U_k, V_k] float32 each."""
     if len(prepared) == 0:
-        return torch.zeros(u_size, v_size, dtype=torch.float32, device=device)
-    fp = footprints(prepared, basis, lo, size, h, dilation, dtype)
-    pa, pb, pc = fp.precision.unbind(-1)
-    counts = fp.extent.prod(-1)
-    log_t = torch.zeros(u_size * v_size, dtype=dtype, device=device)
-    bounds = chunk_bounds(counts, max_pairs)
-    for c0, c1 in zip(bounds[:-1], bounds[1:], strict=True):
-        n = counts[c0:c1]
-        if int(n.sum()) == 0:
-            continue
-        owner = torch.repeat_interleave(torch.arange(c0, c1, device=device), n)
-        local = torch.arange(owner.numel(), device=device) - torch.repeat_interleave(
-            torch.cumsum(n, 0) - n, n
-        )
-        across = fp.extent[owner, 1]
-        iu = torch.div(local, across, rounding_mode="floor")
-        iv = local - iu * across
-        du = iu.to(dtype) + fp.offset[owner, 0]
-        dv = iv.to(dtype) + fp.offset[owner, 1]
-        q = pa[owner] * du * du + 2.0 * pb[owner] * du * dv + pc[owner] * dv * dv
-        a = (fp.opacity[owner] * torch.exp(-0.5 * q)).clamp_(max=MAX_ALPHA)
-        a = torch.where(a >= MIN_ALPHA, a, torch.zeros_like(a))
-        cell = (fp.first[owner, 0] + iu) * v_size + fp.first[owner, 1] + iv
-        log_t.index_add_(0, cell, torch.log1p(-a))
-    return (-torch.expm1(log_t.double())).float().reshape(u_size, v_size)
+        return [torch.zeros(int(size[0]), int(size[1]), dtype=torch.float32, device=prepared.means.device)
+                for _, size in windows]  # fmt: skip
+    log_t, (u_c, v_c) = _log_transmittance(prepared, bases, windows, h, dilation, max_pairs, dtype)
+    alpha = (-torch.expm1(log_t.double())).float().reshape(len(windows), u_c, v_c)
+    return [alpha[k, : int(size[0]), : int(size[1])].contiguous() for k, (_, size) in enumerate(windows)]
 
 
 def projected_alphas(
@@ -230,58 +346,100 @@ def projected_alphas(
     h: float,
     dilation: float = DILATION,
     backend: str = "auto",
+    max_pairs: int = 1 << 18,
 ) -> list[torch.Tensor]:
     """:func:`projected_alpha` of several directions, in float32 terms: per direction ``k`` the
     [U_k, V_k] image of plane ``bases[k]`` over ``windows[k] = (lo, size)``.
 
-    ``backend``: ``"torch"`` (one :func:`projected_alpha` per direction), ``"cuda"`` (one launch of
-    :func:`microdreamer.kernels.carve_alpha` for every direction: the same float32 terms, summed in fixed
-    point, so the result does not depend on the order of the GPU's atomics) or ``"auto"`` (cuda for
-    Gaussians on a CUDA device).
+    ``backend``: ``"torch"`` (the pairs of every direction grouped by box size and evaluated as dense
+    blocks, ``max_pairs`` at a time), ``"cuda"`` (one launch of :func:`microdreamer.kernels.carve_alpha` for
+    every direction: the same float32 terms, summed in fixed point, so the result does not depend on the
+    order of the GPU's atomics) or ``"auto"`` (cuda for Gaussians on a CUDA device).
     """
     device = prepared.means.device
     if backend == "auto":
         backend = "cuda" if device.type == "cuda" else "torch"
     if backend not in ("torch", "cuda"):
         raise ValueError(f"unknown carving backend {backend!r}; use auto, torch or cuda")
-    if backend == "torch" or len(prepared) == 0 or not bases:
-        return [projected_alpha(prepared, b, lo, size, h, dilation, dtype=torch.float32)
-                for b, (lo, size) in zip(bases, windows, strict=True)]  # fmt: skip
+    if not bases:
+        return []
+    if backend == "torch" or len(prepared) == 0:
+        return _torch_alphas(prepared, bases, windows, h, dilation, max_pairs, torch.float32)
     if device.type != "cuda":
         raise ValueError("backend='cuda' needs the Gaussians on a CUDA device")
     from microdreamer import kernels
 
     u_max = max(size[0] for _, size in windows)
     v_max = max(size[1] for _, size in windows)
-    fps = [footprints(prepared, b, lo, size, h, dilation, torch.float32)
-           for b, (lo, size) in zip(bases, windows, strict=True)]  # fmt: skip
-    precision = torch.stack([f.precision for f in fps]).contiguous()
-    offset = torch.stack([f.offset for f in fps]).contiguous()
-    box = torch.stack([torch.cat([f.first, f.extent], -1) for f in fps]).to(torch.int32).contiguous()
-    sums = torch.zeros(len(fps), u_max * v_max, dtype=torch.int64, device=device)
-    kernels.carve_alpha(precision, offset, box, fps[0].opacity.contiguous(), sums, v_max)
-    alpha = (-torch.expm1(sums.double() / 2.0**32)).float().reshape(len(fps), u_max, v_max)
+    fp = footprints(prepared, bases, windows, h, dilation, torch.float32)
+    box = torch.cat([fp.first, fp.extent], -1).to(torch.int32).contiguous()
+    sums = torch.zeros(len(bases), u_max * v_max, dtype=torch.int64, device=device)
+    kernels.carve_alpha(fp.precision.contiguous(), fp.offset.contiguous(), box, fp.opacity.contiguous(), sums,
+                        v_max)  # fmt: skip
+    alpha = (-torch.expm1(sums.double() / 2.0**32)).float().reshape(len(bases), u_max, v_max)
     return [alpha[k, : size[0], : size[1]] for k, (_, size) in enumerate(windows)]
 
 
-def _bilinear(image: torch.Tensor, pix: torch.Tensor) -> torch.Tensor:
-    """[M] float32: ``image`` [U, V] at the fractional pixel positions ``pix`` [M, 2] (float64), linear
-    between pixel centres, 0 outside the image."""
-    u_size, v_size = image.shape
-    padded = torch.nn.functional.pad(image, (1, 1, 1, 1))  # zero outside the image
-    p = pix + 1.0
-    p = torch.stack([p[:, 0].clamp(0.0, u_size + 1.0), p[:, 1].clamp(0.0, v_size + 1.0)], -1)
-    i0 = p.floor().long()
-    i0 = torch.stack([i0[:, 0].clamp(max=u_size), i0[:, 1].clamp(max=v_size)], -1)
-    f = (p - i0.double()).float()
-    w = v_size + 2
-    flat = padded.reshape(-1)
-    base = i0[:, 0] * w + i0[:, 1]
-    a00, a01 = flat[base], flat[base + 1]
-    a10, a11 = flat[base + w], flat[base + w + 1]
-    top = a00 + (a01 - a00) * f[:, 1]
-    bottom = a10 + (a11 - a10) * f[:, 1]
-    return top + (bottom - top) * f[:, 0]
+def _hull(
+    points: torch.Tensor,
+    bases: list[torch.Tensor],
+    windows: list[tuple[tuple[float, float], tuple[int, int]]],
+    images: list[torch.Tensor],
+    h: float,
+    chunk: int = 1 << 15,
+) -> torch.Tensor:
+    """[M] float32: the least over D directions of image k [U_k, V_k] at the projections of ``points``
+    [M, 3] (float64, normalised coordinates) onto ``bases[k]``, pixel ``(p . e - lo) / h`` per row ``e`` of
+    the basis, linear between pixel centres, 0 outside the image.
+
+    The images lie side by side on one float64 canvas, each followed by a column of zeros, and
+    ``grid_sample`` (bilinear, zero padding) samples all of them at once, ``chunk`` points at a time, at
+    coordinates from one matrix product per chunk."""
+    device = points.device
+    d = len(images)
+    u_c, v_c = max(x.shape[0] for x in images), max(x.shape[1] for x in images) + 1
+    canvas = torch.zeros(u_c, d, v_c, dtype=torch.float64, device=device)
+    for k, image in enumerate(images):
+        canvas[: image.shape[0], k, : image.shape[1]] = image
+    # grid_sample's (x, y) = (column, row) of the canvas, scaled to [-1, 1] (align_corners): 2 c / (size - 1) - 1
+    scale = torch.tensor([2.0 / (d * v_c - 1), 2.0 / (u_c - 1)], dtype=torch.float64, device=device)
+    e = torch.stack(bases).to(device=device, dtype=torch.float64).flip(1)  # [D, 2, 3] rows (e2, e1)
+    lo = torch.tensor([lo for lo, _ in windows], dtype=torch.float64, device=device).flip(1)  # [D, 2]
+    first = torch.zeros(d, 2, dtype=torch.float64, device=device)
+    first[:, 0] = torch.arange(d, device=device) * v_c  # image k's first canvas column
+    # [4, D * 2]: (x, y) of every image from homogeneous points (p, 1)
+    weights = torch.cat([e * (scale / h)[:, None], ((first - lo / h) * scale - 1.0)[:, :, None]], -1)
+    weights = weights.permute(2, 0, 1).reshape(4, 2 * d).contiguous()
+    hull = torch.empty(points.shape[0], dtype=torch.float32, device=device)
+    homogeneous = torch.ones(min(chunk, points.shape[0]), 4, dtype=torch.float64, device=device)
+    for c0 in range(0, points.shape[0], chunk):
+        m = min(chunk, points.shape[0] - c0)
+        homogeneous[:m, :3] = points[c0 : c0 + m]
+        grid = (homogeneous[:m] @ weights).view(1, m, d, 2)
+        taps = torch.nn.functional.grid_sample(canvas.view(1, 1, u_c, d * v_c), grid, mode="bilinear",
+                                               padding_mode="zeros", align_corners=True)  # fmt: skip
+        hull[c0 : c0 + m] = taps.view(m, d).amin(1)
+    return hull
+
+
+def _near(inside: torch.Tensor) -> tuple[tuple[slice, slice, slice], torch.Tensor]:
+    """The voxels of ``inside`` [R, R, R] bool and their 26 neighbours: the box around them (slices of
+    the grid) and the mask of those voxels in it (a 3x3x3 dilation, one axis at a time)."""
+    flags = inside.view(torch.uint8)  # max-reductions of bytes are vectorised, those of bools are not
+    across = flags.amax(2)  # [R, R]
+    hits = (across.amax(1), across.amax(0), flags.view(-1, flags.shape[2]).amax(0))
+    box = []
+    for axis, hit in enumerate(hits):
+        hit = torch.nonzero(hit).flatten()
+        box.append(slice(max(int(hit[0]) - 1, 0), min(int(hit[-1]) + 2, inside.shape[axis])))
+    near = inside[tuple(box)].clone()
+    for axis in range(3):
+        n = near.shape[axis]
+        if n > 1:
+            was = near.clone()
+            near.narrow(axis, 1, n - 1).logical_or_(was.narrow(axis, 0, n - 1))
+            near.narrow(axis, 0, n - 1).logical_or_(was.narrow(axis, 1, n - 1))
+    return tuple(box), near
 
 
 @dataclass
@@ -340,29 +498,24 @@ def carve_field(
     device = values.device
     raw = raw.to(device)
     inside = values > level
-    inside_before = int(inside.sum())
-    if inside_before == 0:
+    if not bool(inside.view(torch.uint8).max()):
         return CarveResult(values, directions, 0, 0, 0, "no voxel is above the level")
-    near = torch.nn.functional.max_pool3d(inside[None, None].float(), 3, stride=1, padding=1)[0, 0] > 0
-    idx = torch.nonzero(near.reshape(-1)).flatten()
-    axis = grid.axis(device).double()
-    points = torch.stack([axis[idx // (r * r)], axis[(idx // r) % r], axis[idx % r]], -1)
+    box, near = _near(inside)
+    inside_before = int(inside[box].sum())
+    start = torch.tensor([x.start for x in box], device=device)
+    points = grid.axis(device).double()[torch.nonzero(near) + start]  # [M, 3]
     bases = [direction_basis(d) for d in carving_directions(directions)]
     windows = [plane_window(b, r) for b in bases]
     given = 3 if axis_images is not None else 0
     images = [x.to(device) for x in (axis_images or [])] + projected_alphas(
         raw, bases[given:], windows[given:], h, dilation, backend
     )
-    hull = torch.ones(idx.numel(), dtype=torch.float32, device=device)
-    for basis, (lo, _), image in zip(bases, windows, images, strict=True):
-        pix = (points @ basis.to(device).T - torch.tensor(lo, dtype=torch.float64, device=device)) / h
-        hull = torch.minimum(hull, _bilinear(image, pix))
-    flat = values.reshape(-1)
-    carved_at = torch.minimum(flat[idx], (level / alpha_level) * hull)
+    hull = _hull(points, bases, windows, images, h)
+    carved_at = torch.minimum(values[box][near], (level / alpha_level) * hull)
     inside_after = int((carved_at > level).sum())
     if inside_after == 0:
-        return CarveResult(values, directions, idx.numel(), inside_before, inside_before,
+        return CarveResult(values, directions, hull.numel(), inside_before, inside_before,
                            f"the splat's alpha never reaches {alpha_level:g} where its density is above the level")  # fmt: skip
-    out = flat.clone()
-    out[idx] = carved_at
-    return CarveResult(out.reshape(values.shape), directions, idx.numel(), inside_before, inside_after)
+    out = values.clone()
+    out[box][near] = carved_at
+    return CarveResult(out, directions, hull.numel(), inside_before, inside_after)

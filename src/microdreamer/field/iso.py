@@ -74,7 +74,7 @@ def column_alpha(
     grid: GridSpec,
     axis: int,
     dilation: float = DILATION,
-    max_pairs: int = 1 << 22,
+    max_pairs: int = 1 << 18,
 ) -> torch.Tensor:
     """The splat's orthographic alpha along ``axis`` at the grid's columns (see the module docstring):
     :func:`~microdreamer.field.carve.projected_alpha` on the plane of the two other axes, one pixel per
@@ -86,7 +86,7 @@ def column_alpha(
         grid: the field's grid; the columns are its points across ``axis``.
         axis: 0, 1 or 2.
         dilation: added to every 2D covariance, in squared grid spacings.
-        max_pairs: (Gaussian, column) pairs evaluated at once (memory: about 80 bytes each).
+        max_pairs: (Gaussian, column) pairs evaluated at once (memory: about 16 bytes each).
 
     Returns:
         [R, R] float32 alpha on the Gaussians' device; ``[u, v]`` is the column at grid indices (u, v)
