@@ -531,3 +531,75 @@ def test_unwrap_charts_on_cuda_keeps_the_layout_rules_on_a_real_marching_cubes_m
     # the same charts as on the CPU, up to the order of CUDA's float atomics in the per-chart sums
     assert abs(a.stats["charts"] - b.stats["charts"]) <= 0.01 * a.stats["charts"]
     assert abs(a.stats["utilization"] - b.stats["utilization"]) < 0.02
+
+
+def random_profiles(rng: np.random.Generator, n: int, most: int):
+    """n charts of random blobs (some columns and rows left empty), as coarse_profiles writes them: per
+    column (first touched row, one past the last; an empty column is (H, 0)) and the same per row."""
+    profiles = []
+    for _ in range(n):
+        w, h = (int(x) for x in rng.integers(1, most + 1, 2))
+        mask = rng.random((h, w)) < rng.uniform(0.3, 1.0)
+        mask[rng.integers(h), rng.integers(w)] = True
+        any_c, any_r = mask.any(0), mask.any(1)
+        bottom = np.where(any_c, np.argmax(mask, 0), h)
+        top = np.where(any_c, h - np.argmax(mask[::-1], 0), 0)
+        left = np.where(any_r, np.argmax(mask, 1), w)
+        right = np.where(any_r, w - np.argmax(mask[:, ::-1], 1), 0)
+        profiles.append(tuple(np.asarray(x, np.int64) for x in (bottom, top, left, right)))
+    return profiles
+
+
+def test_compiled_packer_setting_is_validated():
+    with pytest.raises(ValueError, match="packer"):
+        unwrap_charts(cube(), packer="rust")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_skyline_pack_matches_numpy(seed):
+    # the C++ loop against the NumPy reference: the same corners, turns and height, exactly; sizes from
+    # single texels to charts wider than the coarse search's stride threshold (16 columns), two and four
+    # orientations, some charts not turnable, paddings 0-3, ties on flat skylines (all charts equal)
+    from microdreamer.texture.charts import compiled_skyline_pack, skyline_pack
+
+    rng = np.random.default_rng(seed)
+    n = [1, 7, 40, 120, 300, 64][seed]
+    profiles = random_profiles(rng, n, [3, 20, 60, 40, 12, 90][seed])
+    if seed == 5:
+        profiles = [profiles[0]] * n
+    turnable = rng.random(n) < 0.8
+    for width, padding, orientations in [(256, 2, 2), (97, 0, 4), (512, 3, 2), (1024, 1, 4)]:
+        try:
+            want = skyline_pack(profiles, width, padding, turnable, orientations)
+        except ValueError as e:
+            with pytest.raises(ValueError, match="wider than the atlas"):
+                compiled_skyline_pack(profiles, width, padding, turnable, orientations)
+            assert "wider than the atlas" in str(e)
+            continue
+        got = compiled_skyline_pack(profiles, width, padding, turnable, orientations)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert got[2] == want[2]
+
+
+@pytest.mark.cuda
+def test_compiled_skyline_pack_rejects_a_chart_wider_than_the_atlas():
+    from microdreamer.texture.charts import compiled_skyline_pack
+
+    wide = (np.zeros(50, np.int64), np.full(50, 60), np.zeros(60, np.int64), np.full(60, 50))
+    with pytest.raises(ValueError, match="a chart 50 x 60 texels is wider than the atlas"):
+        compiled_skyline_pack([wide], 40, 2)
+
+
+@pytest.mark.cuda
+def test_unwrap_charts_with_the_compiled_packer_matches_numpy_on_a_real_mesh():
+    from conftest import sample
+
+    t = trimesh.load(sample("meshes/dreamgaussian_reference/creative_tmp/tmp_mesh.glb"), force="mesh")
+    mesh = Mesh(t.vertices, t.faces)
+    a = unwrap_charts(mesh, texture_size=1024, packer="numpy")
+    b = unwrap_charts(mesh, texture_size=1024, packer="compiled")
+    assert a.stats["packs"] == b.stats["packs"]
+    np.testing.assert_array_equal(a.uv, b.uv)
+    np.testing.assert_array_equal(a.mesh.faces, b.mesh.faces)

@@ -43,8 +43,10 @@ gathers only). On CUDA the per-chart sums (``index_add_``) use atomics, so UVs m
 CPU's, and from run to run, in the last bits.
 
 Integer sorts and graph searches run in NumPy / SciPy on the CPU (their sorts are about 5x faster
-than torch's there) and in torch elsewhere, with the same results; the packing loop is NumPy on the
-CPU. ``benchmarks/bench_unwrap.py`` measures it against xatlas.
+than torch's there) and in torch elsewhere, with the same results; the skyline's loop runs on the host,
+in NumPy (:func:`skyline_pack`, the reference) or, next to a CUDA device, in C++ from the CUDA extension
+(:func:`compiled_skyline_pack`, the same layout). ``benchmarks/bench_unwrap.py`` measures it against
+xatlas.
 """
 
 from __future__ import annotations
@@ -566,6 +568,46 @@ def skyline_pack(
     return corner, turns, height
 
 
+PACKERS = ("auto", "numpy", "compiled")
+
+
+def compiled_skyline_pack(
+    profiles: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    width: int,
+    padding: int,
+    turnable: np.ndarray | None = None,
+    orientations: int = 2,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`skyline_pack` in C++ (:func:`microdreamer.kernels.skyline_pack`, part of the CUDA
+    extension, so only where that builds): the same arguments, the same layout, 6-15x faster on the
+    samples' charts (``benchmarks/README.md``)."""
+    from microdreamer import kernels
+
+    n = len(profiles)
+    widths = np.fromiter((len(p[0]) for p in profiles), np.int64, n)
+    heights = np.fromiter((len(p[2]) for p in profiles), np.int64, n)
+
+    def flat(i: int) -> torch.Tensor:
+        parts = [p[i] for p in profiles]
+        return torch.from_numpy(np.concatenate(parts).astype(np.int64) if n else np.zeros(0, np.int64))
+
+    def offsets(sizes: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+
+    turn = torch.as_tensor(np.ones(n, bool) if turnable is None else np.asarray(turnable, bool))
+    corner, turns, height = kernels.skyline_pack(
+        flat(0), flat(1), offsets(widths), flat(2), flat(3), offsets(heights), turn.contiguous(),
+        width, padding, orientations,
+    )  # fmt: skip
+    if height < 0:
+        c = -1 - height
+        raise ValueError(
+            f"a chart {widths[c]} x {heights[c]} texels is wider than the atlas "
+            f"({width - 2 * padding} texels inside the padding)"
+        )
+    return corner.numpy(), turns.numpy(), int(height)
+
+
 def _turn(uv: torch.Tensor, turns: torch.Tensor, box: torch.Tensor) -> torch.Tensor:
     """Chart-local texel coordinates [V, 2] turned by ``turns`` [V] quarter turns counter-clockwise
     inside their [V, 2] boxes (W, H), the turned box's corner staying at (0, 0)."""
@@ -618,6 +660,7 @@ def _pack_at(
     tile: int = 48,
     max_outlines: int = 256,
     min_texels: float = 8.0,
+    packer=skyline_pack,
 ) -> tuple[torch.Tensor, int]:
     """Charts scaled by ``density`` and packed into a strip ``size`` texels wide: ([V, 2] atlas texel
     coordinates, the height used, padding included; the layout fits the atlas when it is <= size).
@@ -632,7 +675,8 @@ def _pack_at(
     ``anchors`` ([C, 2] a point of each chart in its local uv, [C] its uv area): the box-packed charts
     (all with ``"shelf"``, the tiled ones with ``"skyline"``) of under ``min_texels`` texels of area
     move by less than a texel in their boxes (one texel larger) so that their anchor lies on a texel
-    centre: then they cover a texel of their own, which a chart too small to cover one would not."""
+    centre: then they cover a texel of their own, which a chart too small to cover one would not.
+    ``packer``: :func:`skyline_pack` or :func:`compiled_skyline_pack`."""
     dev = uv.device
     n_charts = extent.shape[0]
     box = torch.ceil(extent * density - 1e-9).long().clamp_min(1)  # [C, 2] texels
@@ -672,7 +716,7 @@ def _pack_at(
         for w, h in tiles.tolist():
             items.append((np.zeros(w, np.int64), np.full(w, h), np.zeros(h, np.int64), np.full(h, w)))
     turnable = np.arange(len(items)) < len(big)
-    corner_items, turns_items, height = skyline_pack(items, size, padding, turnable)
+    corner_items, turns_items, height = packer(items, size, padding, turnable)
     corner = np.zeros((n_charts, 2), np.int64)
     turns = np.zeros(n_charts, np.int64)
     corner[big] = corner_items[: len(big)]
@@ -731,6 +775,7 @@ def _search_density(
     padding: int,
     packing: str,
     anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
+    packer=skyline_pack,
 ) -> tuple[float, torch.Tensor, int]:
     """(density, [V, 2] atlas texel coordinates, packs tried): the largest density found at which
     :func:`_pack_at` fits the charts, from ``density``, at most ``cap``. Each try aims the packed height
@@ -749,7 +794,9 @@ def _search_density(
         if fine is not None:
             density = min(density, fine[0])
         try:
-            uv_px, height = _pack_at(uv, vchart, extent, fine, density, size, padding, packing, anchors)
+            uv_px, height = _pack_at(
+                uv, vchart, extent, fine, density, size, padding, packing, anchors, packer=packer
+            )
         except ValueError:  # an item wider than the atlas at this density: smaller, as for a tall layout
             uv_px, height = None, 2 * size
         tries += 1
@@ -866,6 +913,7 @@ def unwrap_charts(
     fold_check: float = 2.0,
     packing: str = "skyline",
     device: str | torch.device = "cpu",
+    packer: str = "auto",
 ) -> UVLayout:
     """Unwrap ``mesh`` into charts of clustered normals (see the module docstring).
 
@@ -901,6 +949,9 @@ def unwrap_charts(
         packing: ``"skyline"`` (chart outlines dropped onto a skyline in two orientations: denser)
             or ``"shelf"`` (bounding rectangles on shelves: fewer steps, less of the atlas used).
         device: where the computation runs (the packing loop runs on the CPU either way).
+        packer: the skyline's loop: ``"numpy"`` (:func:`skyline_pack`), ``"compiled"`` (the same in C++,
+            :func:`compiled_skyline_pack`: needs the CUDA extension), or ``"auto"``: compiled when
+            ``device`` is a CUDA device, else NumPy. Both give the same layout.
 
     Returns:
         :class:`UVLayout`; stats ``faces_in``, ``faces``, ``vertices``, ``charts``, ``utilization``
@@ -933,7 +984,12 @@ def unwrap_charts(
         raise ValueError(f"padding = {padding} is negative; use 0 or more")
     if packing not in ("skyline", "shelf"):
         raise ValueError(f"packing = {packing!r} is unknown; use skyline or shelf")
+    if packer not in PACKERS:
+        raise ValueError(f"packer = {packer!r} is unknown; use one of {', '.join(PACKERS)}")
     device = torch.device(device)
+    if packer == "auto":
+        packer = "compiled" if device.type == "cuda" else "numpy"
+    pack_fn = compiled_skyline_pack if packer == "compiled" else skyline_pack
     faces_in = mesh.num_faces
     start = time.perf_counter()
     if max_faces is not None and mesh.num_faces > max_faces:
@@ -1009,8 +1065,9 @@ def unwrap_charts(
         if fa.numel() == 0:
             anchors = _chart_anchors(uv, new_faces, chart, n_charts)
             density, uv_px, tries = _search_density(
-                uv, new_faces, chart, vchart, extent, density, cap, texture_size, padding, packing, anchors
-            )
+                uv, new_faces, chart, vchart, extent, density, cap, texture_size, padding, packing, anchors,
+                packer=pack_fn,
+            )  # fmt: skip
             packs += tries
             tick("pack")
             # folds at the packed density, in the atlas (charts never share texels)
