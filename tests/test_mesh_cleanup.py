@@ -7,8 +7,12 @@ in hundreds of pieces.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
+import torch
+import trimesh
 
 from microdreamer.mesh import (
     GridVertices,
@@ -19,6 +23,9 @@ from microdreamer.mesh import (
     marching_cubes,
     marching_cubes_on_grid,
 )
+from microdreamer.mesh.cleanup import CAVITY_EPS
+from microdreamer.mesh.cleanup_torch import cleanup_mesh_torch
+from microdreamer.mesh.marching_torch import TensorMesh
 from microdreamer.synthetic import noisy_splat
 
 # ---------------------------------------------------------------------------------------------------
@@ -156,11 +163,37 @@ def reference_cleanup(mesh: Mesh, config: MeshConfig) -> tuple[np.ndarray, np.nd
     keep = counts >= config.min_component_fraction * len(f)
     keep[np.argmax(counts)] = True
     removed = int(((counts > 0) & ~keep).sum())
+    cavities = 0
+    if config.remove_cavities:
+        # the walls of enclosed voids: closed, consistently wound (every directed edge once, its reverse
+        # once) and of negative signed volume beyond the margin; never the largest component
+        lo, hi = v.min(0).astype(np.float64), v.max(0).astype(np.float64)
+        centre, diag = (lo + hi) / 2, float(np.linalg.norm(hi - lo))
+        face_label = labels[f[:, 0]]
+        for label in np.flatnonzero(keep & (counts > 0)):
+            if label == np.argmax(counts):
+                continue
+            part = f[face_label == label]
+            directed = Counter(
+                (int(a), int(b)) for row in part for a, b in zip(row, np.roll(row, -1), strict=True)
+            )
+            closed = all(c == 1 and directed.get((b, a), 0) == 1 for (a, b), c in directed.items())
+            volume = sum(np.linalg.det(v[row].astype(np.float64) - centre) for row in part) / 6.0
+            if closed and volume < -CAVITY_EPS * diag**3:
+                keep[label] = False
+                cavities += 1
     f = f[keep[labels[f[:, 0]]]]
     used = np.unique(f)
     new = np.full(n, -1)
     new[used] = np.arange(len(used))
-    counts_info = (merged, int((~good).sum()), int((~unique).sum()), int((counts > 0).sum()), removed)
+    counts_info = (
+        merged,
+        int((~good).sum()),
+        int((~unique).sum()),
+        int((counts > 0).sum()),
+        removed,
+        cavities,
+    )
     return v[used], new[f], counts_info
 
 
@@ -195,7 +228,7 @@ def test_cleanup_matches_the_plain_reference(seed, fraction):
     mesh = soup_case(seed)
     config = MeshConfig(merge_tolerance=1e-6, min_component_fraction=fraction)
     out, stats = cleanup_mesh_with_stats(mesh, config)
-    ref_v, ref_f, (merged, degenerate, duplicate, components, removed) = reference_cleanup(mesh, config)
+    ref_v, ref_f, (merged, degenerate, duplicate, components, removed, _) = reference_cleanup(mesh, config)
     np.testing.assert_array_equal(out.vertices, ref_v)
     np.testing.assert_array_equal(out.faces, ref_f)
     assert (stats.vertices_merged, stats.degenerate_faces, stats.duplicate_faces) == (
@@ -323,3 +356,103 @@ def test_merge_candidates_do_not_depend_on_an_integer_offset():
     shifted = GridVertices(grid.coords - np.float32(40.0), grid.spacing, grid.world_error)
     for tolerance in (0.0, 0.1 * spacing.min()):
         np.testing.assert_array_equal(shifted.merge_candidates(tolerance), grid.merge_candidates(tolerance))
+
+
+# ---------------------------------------------------------------------------------------------------
+# cavities: the walls of enclosed voids
+
+
+def ball(subdivisions: int, radius: float, centre, inward: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    t = trimesh.creation.icosphere(subdivisions=subdivisions, radius=radius)
+    faces = t.faces[:, ::-1] if inward else t.faces
+    return t.vertices + np.asarray(centre, np.float64), np.ascontiguousarray(faces)
+
+
+def closed_parts_case(seed: int) -> Mesh:
+    """An outward ball (the largest), an inward ball inside it (a void's wall), an inward ball with one
+    face missing (open), a tiny inward ball (its volume inside the margin), a small outward ball in the
+    void, and an inward ball outside everything; shuffled faces, random placement."""
+    g = np.random.default_rng(seed)
+    c = g.uniform(-1, 1, 3)
+    parts = [
+        ball(3, 1.0, c),
+        ball(2, 0.6, c + g.uniform(-0.1, 0.1, 3), inward=True),
+        ball(1, 0.2, c + [0.3, 0.0, 0.0]),
+        ball(2, 0.3, c + [3.0, 0.0, 0.0], inward=True),
+        ball(1, 0.3, c + [-3.0, 0.0, 0.0], inward=True),
+        ball(1, 0.005, c + [0.0, 3.0, 0.0], inward=True),
+    ]
+    v, f = parts[4]
+    parts[4] = (v, f[1:])  # open: one face missing
+    verts, faces, offset = [], [], 0
+    for pv, pf in parts:
+        verts.append(pv)
+        faces.append(pf + offset)
+        offset += len(pv)
+    faces = np.concatenate(faces)
+    return Mesh(np.concatenate(verts).astype(np.float32), faces[g.permutation(len(faces))])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("remove", [True, False])
+def test_cavities_match_the_plain_reference_on_both_paths(seed, remove):
+    mesh = closed_parts_case(seed)
+    config = MeshConfig(min_component_fraction=0.0, remove_cavities=remove)
+    out, stats = cleanup_mesh_with_stats(mesh, config)
+    ref_v, ref_f, info = reference_cleanup(mesh, config)
+    np.testing.assert_array_equal(out.vertices, ref_v)
+    np.testing.assert_array_equal(out.faces, ref_f)
+    # two walls of voids go: the one inside the big ball and the closed one outside everything; the open
+    # one and the tiny one (inside the margin) stay
+    assert stats.cavities_removed == info[5] == (2 if remove else 0)
+    assert stats.components == 6 and stats.components_removed == 0
+    got, tstats = cleanup_mesh_torch(TensorMesh.from_mesh(mesh, "cpu"), config)
+    np.testing.assert_array_equal(got.vertices.numpy(), ref_v)
+    np.testing.assert_array_equal(got.faces.numpy(), ref_f)
+    assert (tstats.cavities_removed, tstats.faces_in_cavities) == (
+        stats.cavities_removed,
+        stats.faces_in_cavities,
+    )
+
+
+def hollow_field(n: int = 40):
+    """(values, origin, spacing): density > 1 in a spherical shell 0.45 < r < 0.8 holding a ball r < 0.2."""
+    spacing = 2.0 / (n - 1)
+    axis = -1.0 + spacing * np.arange(n)
+    r = np.linalg.norm(np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), -1), axis=-1)
+    shell = 1.0 + np.minimum(r - 0.45, 0.8 - r) / 0.2
+    values = np.maximum(shell, 1.0 + (0.2 - r) / 0.2).astype(np.float32)
+    return values, np.full(3, -1.0), spacing
+
+
+@pytest.mark.parametrize("backend", ["skimage", "torch"])
+def test_extract_mesh_drops_the_wall_of_an_enclosed_void(backend):
+    values, origin, spacing = hollow_field()
+    keep, kept = extract_mesh(values, origin, spacing, MeshConfig(backend=backend, remove_cavities=False))
+    mesh, stats = extract_mesh(values, origin, spacing, MeshConfig(backend=backend))
+    assert kept["components"] == 3 and kept["cavities_removed"] == 0
+    assert stats["components"] == 3 and stats["cavities_removed"] == 1
+    assert stats["faces"] == kept["faces"] - stats["faces_in_cavities"]
+    # what is left: the outer sphere and the ball in the void, both closed and wound outward
+    parts = mesh.to_trimesh().split(only_watertight=False)
+    assert len(parts) == 2 and all(p.is_watertight and p.volume > 0 for p in parts)
+    radii = sorted(float(np.linalg.norm(p.vertices, axis=1).mean()) for p in parts)
+    assert abs(radii[0] - 0.2) < spacing and abs(radii[1] - 0.8) < spacing
+    # without the void's wall the enclosed volume is the solid's with the void (r < 0.45) filled
+    assert mesh.to_trimesh().volume > keep.to_trimesh().volume + 0.9 * 4 / 3 * np.pi * 0.45**3
+
+
+def test_splat_to_mesh_keeps_the_voids_in_upstream_mode(monkeypatch):
+    import microdreamer.jobs.export as export
+    from microdreamer.config import FieldConfig
+    from microdreamer.synthetic import make_synthetic_object
+
+    seen = []
+    real = export.extract_mesh
+    monkeypatch.setattr(export, "extract_mesh", lambda *a: seen.append(a[3].remove_cavities) or real(*a))
+    splat = make_synthetic_object(3000, seed=1, scale_fraction=0.03)
+    for mode in ("exact", "upstream"):
+        export.splat_to_mesh(
+            splat, FieldConfig(resolution=32, mode=mode), MeshConfig(threshold=0.5), torch.device("cpu")
+        )
+    assert seen == [True, False]

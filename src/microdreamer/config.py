@@ -257,6 +257,11 @@ class MeshConfig(Config):
         close_boundary: close surfaces cut by the grid's border (see ``mesh.marching_cubes``).
         min_component_fraction: drop connected components with fewer faces than this fraction of all
             faces (the largest component is always kept); 0 keeps everything.
+        remove_cavities: drop the closed components that bound an enclosed void (negative signed volume:
+            their faces point into the void, away from the solid around it), e.g. the inner wall of a
+            hollow splat's thick shell: no camera outside sees them, and they would take a share of the
+            face budget and of the texture atlas. Only closed, consistently wound components count; the
+            largest component is always kept. ``--mode upstream`` keeps them, as DreamGaussian does.
         merge_tolerance: merge vertices closer than this fraction of the bounding-box diagonal.
         decimate_target: simplify to about this many faces; None keeps the full mesh.
         backend: marching cubes and cleanup by ``"skimage"`` (scikit-image's Lewiner marching cubes and
@@ -272,6 +277,7 @@ class MeshConfig(Config):
     carve_level: float = 0.5
     close_boundary: bool = True
     min_component_fraction: float = 0.02
+    remove_cavities: bool = True
     merge_tolerance: float = 1e-6
     decimate_target: int | None = setting(None, "simplify the mesh to about N faces")
     backend: str = "auto"

@@ -370,6 +370,8 @@ def splat_to_mesh(
         carved = {"directions": result.directions, "level": level, "inside_before": result.inside_before,
                   "inside_after": result.inside_after, "skipped": result.skipped}  # fmt: skip
     mesh_config = replace(mesh_config, threshold=iso.level)
+    if field_config.mode != "exact":  # upstream: DreamGaussian's mesh, its enclosed voids' walls included
+        mesh_config = replace(mesh_config, remove_cavities=False)
     vmin, vmax = (float(v) for v in torch.aminmax(values))
     if not vmin <= mesh_config.threshold < vmax:
         raise no_surface_error(splat, fld, vmin, vmax, field_config, mesh_config, name, hints)

@@ -73,8 +73,8 @@ def extract_mesh(
     Returns:
         ``(mesh, stats)``. ``mesh`` is empty when the grid has no surface at the threshold (the caller
         decides whether that is an error). ``stats`` holds ints ``vertices_marching_cubes``,
-        ``faces_marching_cubes``, ``faces_after_cleanup``, ``components``, ``components_removed``,
-        ``vertices``, ``faces`` (final counts) and ``seconds``: a dict of wall-clock seconds for
+        ``faces_marching_cubes``, ``faces_after_cleanup``, ``components``, ``components_removed``
+        (floaters), ``cavities_removed``, ``faces_in_cavities``, ``vertices``, ``faces`` (final counts) and ``seconds``: a dict of wall-clock seconds for
         ``marching_cubes``, ``cleanup`` and ``decimate`` (0 when skipped) (the torch backend's
         counts and stats synchronise with the device, so its times are the work's), and
         ``backend``: the implementation that ran (``"skimage"`` or ``"torch"``).
@@ -113,6 +113,8 @@ def extract_mesh(
     stats["faces_after_cleanup"] = mesh.num_faces
     stats["components"] = cleanup.components
     stats["components_removed"] = cleanup.components_removed
+    stats["cavities_removed"] = cleanup.cavities_removed
+    stats["faces_in_cavities"] = cleanup.faces_in_cavities
 
     if config.decimate_target is not None and not mesh.is_empty:
         start = time.perf_counter()
@@ -124,8 +126,10 @@ def extract_mesh(
     stats["seconds"] = seconds
     stats["backend"] = backend
     logger.info(
-        "mesh (%s): %d faces from marching cubes, %d after cleanup (%d of %d components removed), %d final",
-        backend, stats["faces_marching_cubes"], stats["faces_after_cleanup"], cleanup.components_removed,
-        cleanup.components, mesh.num_faces,
+        "mesh (%s): %d faces from marching cubes, %d after cleanup (%d of %d components removed, %d of them "
+        "cavities), %d final",
+        backend, stats["faces_marching_cubes"], stats["faces_after_cleanup"],
+        cleanup.components_removed + cleanup.cavities_removed, cleanup.components, cleanup.cavities_removed,
+        mesh.num_faces,
     )  # fmt: skip
     return mesh, stats

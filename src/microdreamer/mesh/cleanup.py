@@ -31,6 +31,8 @@ class CleanupStats:
     components: int = 0  # connected components (sharing a vertex) before floater removal
     components_removed: int = 0
     faces_in_removed_components: int = 0
+    cavities_removed: int = 0  # closed components around an enclosed void (MeshConfig.remove_cavities)
+    faces_in_cavities: int = 0
     vertices_out: int = 0
     faces_out: int = 0
 
@@ -108,6 +110,49 @@ def _vertex_components(faces: np.ndarray, num_vertices: int) -> tuple[int, np.nd
     return connected_components(graph, directed=True, connection="weak")
 
 
+#: a component is a cavity when its signed volume is below -CAVITY_EPS times the cube of the mesh's
+#: bounding-box diagonal (a void of about 1 % of the object's size across): a margin for the float
+#: rounding of the volume's sum, so that a flat sliver with a volume of about 0 is never one
+CAVITY_EPS = 1e-6
+
+
+def _component_volumes(
+    vertices: np.ndarray, faces: np.ndarray, face_label: np.ndarray, n: int, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """[n] float64 signed volume of each component (sum of its faces' tetrahedra with the bounding box's
+    centre; for a closed, outward-wound component its volume, negative for one wound inward), in chunks
+    of faces."""
+    centre = 0.5 * (lo + hi)
+    volume = np.zeros(n, np.float64)
+    for start in range(0, faces.shape[0], 1 << 20):
+        f = faces[start : start + (1 << 20)]
+        a, b, c = (vertices[f[:, k]].astype(np.float64) - centre for k in range(3))
+        six = np.einsum("ij,ij->i", a, np.cross(b, c))
+        volume += np.bincount(face_label[start : start + (1 << 20)], weights=six, minlength=n)
+    return volume / 6.0
+
+
+def _open_components(faces: np.ndarray, face_label: np.ndarray, n: int, num_vertices: int) -> np.ndarray:
+    """[n] bool: the components with a directed edge (a, b) whose reverse (b, a) is not an edge of
+    another face exactly once, i.e. that are not closed and consistently wound."""
+    a = faces.reshape(-1).astype(np.int64)
+    b = faces[:, [1, 2, 0]].reshape(-1).astype(np.int64)
+    key, back = a * num_vertices + b, b * num_vertices + a
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    repeated = np.zeros(key.shape[0], bool)  # a directed edge in two faces
+    same = ordered[1:] == ordered[:-1]
+    repeated[order[1:][same]] = True
+    repeated[order[:-1][same]] = True
+    pos = np.searchsorted(ordered, back, side="left")
+    at = np.minimum(pos, key.shape[0] - 1)
+    found = ordered[at] == back  # the reverse edge exists (once: repeats are caught on its own side)
+    bad = repeated | ~found
+    out = np.zeros(n, bool)
+    out[np.repeat(face_label, 3)[bad]] = True
+    return out
+
+
 def cleanup_mesh_with_stats(
     mesh: Mesh, config: MeshConfig | None = None, grid: GridVertices | None = None
 ) -> tuple[Mesh, CleanupStats]:
@@ -158,11 +203,21 @@ def cleanup_mesh_with_stats(
         present = counts > 0
         stats.components = int(np.count_nonzero(present))
         keep_label = counts >= float(config.min_component_fraction) * faces.shape[0]
-        keep_label[np.argmax(counts)] = True  # never remove the largest component
+        largest = np.argmax(counts)
+        keep_label[largest] = True  # never remove the largest component
         removed = present & ~keep_label
         stats.components_removed = int(np.count_nonzero(removed))
         stats.faces_in_removed_components = int(counts[removed].sum())
-        if stats.components_removed:
+        if config.remove_cavities and stats.components > 1:
+            volume = _component_volumes(vertices, faces, face_label, counts.shape[0], lo, hi)
+            cavity = keep_label & present & (volume < -CAVITY_EPS * float(np.linalg.norm(hi - lo)) ** 3)
+            cavity[largest] = False
+            if cavity.any():  # only closed, consistently wound components bound a void
+                cavity &= ~_open_components(faces, face_label, counts.shape[0], mesh.num_vertices)
+            stats.cavities_removed = int(np.count_nonzero(cavity))
+            stats.faces_in_cavities = int(counts[cavity].sum())
+            keep_label &= ~cavity
+        if stats.components_removed or stats.cavities_removed:
             faces = np.compress(keep_label[face_label], faces, axis=0)
 
     out = Mesh(vertices, faces, mesh.vertex_colors).subset_faces(slice(None))
@@ -183,14 +238,18 @@ def cleanup_mesh(mesh: Mesh, config: MeshConfig | None = None) -> Mesh:
     3. drop floaters: connected components (faces linked through shared vertices) with fewer than
        ``config.min_component_fraction`` times the total face count; the largest component is never
        dropped (``min_component_fraction = 0`` keeps everything);
-    4. drop vertices no face uses.
+    4. with ``config.remove_cavities``: drop the closed, consistently wound components (every directed
+       edge's reverse in exactly one other face) whose signed volume is below ``-CAVITY_EPS`` times the
+       diagonal cubed (wound inward: the wall of an enclosed void, which nothing outside sees), never
+       the largest;
+    5. drop vertices no face uses.
 
     Faces with three distinct but collinear corners are kept: removing them would open holes.
 
     Args:
         mesh: the input mesh (not modified).
-        config: a :class:`~microdreamer.mesh.MeshConfig` (uses ``merge_tolerance`` and
-            ``min_component_fraction``); None means the defaults.
+        config: a :class:`~microdreamer.mesh.MeshConfig` (uses ``merge_tolerance``,
+            ``min_component_fraction`` and ``remove_cavities``); None means the defaults.
 
     Returns:
         A new :class:`Mesh`; face order and vertex order are kept among the survivors. Empty in,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from microdreamer.mesh.cleanup import CleanupStats
+from microdreamer.mesh.cleanup import CAVITY_EPS, CleanupStats
 from microdreamer.mesh.marching_torch import TensorGridVertices, TensorMesh
 
 if TYPE_CHECKING:
@@ -176,6 +176,23 @@ def _drop_unused(mesh: TensorMesh, faces: torch.Tensor) -> TensorMesh:
     return TensorMesh(mesh.vertices[used], new_index[faces], colors)
 
 
+def _open_components(faces: torch.Tensor, face_label: torch.Tensor, num_vertices: int) -> torch.Tensor:
+    """[num_vertices] bool by label: :func:`microdreamer.mesh.cleanup._open_components` in torch."""
+    a = faces.reshape(-1)
+    b = faces[:, [1, 2, 0]].reshape(-1)
+    key, back = a * num_vertices + b, b * num_vertices + a
+    ordered, order = torch.sort(key)
+    repeated = torch.zeros(key.shape[0], dtype=torch.bool, device=faces.device)  # in two faces
+    same = ordered[1:] == ordered[:-1]
+    repeated[order[1:][same]] = True
+    repeated[order[:-1][same]] = True
+    at = torch.searchsorted(ordered, back).clamp_max(key.shape[0] - 1)
+    bad = repeated | (ordered[at] != back)  # no reverse edge (a repeated one is caught on its side)
+    out = torch.zeros(num_vertices, dtype=torch.bool, device=faces.device)
+    out[face_label.repeat_interleave(3)[bad]] = True
+    return out
+
+
 def cleanup_mesh_torch(
     mesh: TensorMesh, config: MeshConfig | None = None, grid: TensorGridVertices | None = None
 ) -> tuple[TensorMesh, CleanupStats]:
@@ -185,7 +202,9 @@ def cleanup_mesh_torch(
     ``config.merge_tolerance`` of the bounding-box diagonal (to the group's lowest index), drop faces
     with a repeated corner, then repeated faces (the first kept), then connected components (faces
     linked through shared vertices) below ``config.min_component_fraction`` of the faces (never the
-    largest; ties: the one with the lowest vertex), then unused vertices.
+    largest; ties: the one with the lowest vertex), then, with ``config.remove_cavities``, the walls of
+    enclosed voids (float64 volumes; the per-component sums use atomics, so a volume within rounding of
+    the threshold could fall differently), then unused vertices.
 
     Args:
         mesh: [V, 3] float32 vertices and [F, 3] int64 faces on one device (not modified).
@@ -241,11 +260,28 @@ def cleanup_mesh_torch(
         stats.components = int(torch.count_nonzero(present))
         # compared in float64, as NumPy compares int64 counts with the float64 product
         keep_label = counts.double() >= float(config.min_component_fraction) * faces.shape[0]
-        keep_label[torch.argmax(counts)] = True  # never the largest; ties: the lowest label
+        largest = torch.argmax(counts)
+        keep_label[largest] = True  # never the largest; ties: the lowest label
         removed = present & ~keep_label
         stats.components_removed = int(torch.count_nonzero(removed))
         stats.faces_in_removed_components = int(counts[removed].sum())
-        if stats.components_removed:
+        if config.remove_cavities and stats.components > 1:
+            centre = torch.as_tensor(0.5 * (lo + hi), dtype=torch.float64, device=vertices.device)
+            volume = torch.zeros(num_vertices, dtype=torch.float64, device=vertices.device)
+            for start in range(0, faces.shape[0], 1 << 22):
+                f = faces[start : start + (1 << 22)]
+                a, b, c = (vertices[f[:, k]].double() - centre for k in range(3))
+                six = (a * torch.linalg.cross(b, c)).sum(-1)
+                volume.index_add_(0, face_label[start : start + (1 << 22)], six)
+            eps = CAVITY_EPS * float(np.linalg.norm(hi - lo)) ** 3
+            cavity = keep_label & present & (volume / 6.0 < -eps)
+            cavity[largest] = False
+            if bool(cavity.any()):  # only closed, consistently wound components bound a void
+                cavity &= ~_open_components(faces, face_label, num_vertices)
+            stats.cavities_removed = int(torch.count_nonzero(cavity))
+            stats.faces_in_cavities = int(counts[cavity].sum())
+            keep_label &= ~cavity
+        if stats.components_removed or stats.cavities_removed:
             faces = faces[keep_label[face_label]]
 
     out = _drop_unused(mesh, faces)
