@@ -3,7 +3,7 @@
     python benchmarks/bench_fidelity.py [--splats creative ghost fruit guitar shell] [--resolution auto 256 ...]
         [--voxel-filter default 0 ...] [--iso auto 1.0 0.2 ...] [--carve 24 0 ...] [--carve-level 0.5 ...]
         [--texture field|bake|none] [--texture-size 1024] [--bake-size 512] [--bake-azimuths 8]
-        [--bake-elevations 0 45 -45] [--bake-no-poles] [--refine STEPS] [--views 8] [--size 256]
+        [--bake-elevations 0 45 -45] [--bake-no-poles] [--cos-power P] [--refine STEPS] [--views 8] [--size 256]
         [--device cpu|cuda] [--name NAME]
 
 For each splat and each combination of ``--resolution`` x ``--voxel-filter`` x ``--iso`` x ``--carve`` x
@@ -261,8 +261,10 @@ def run_setting(splat, ref, cams, setting, args, device) -> tuple[dict, np.ndarr
             views["elevations"] = tuple(args.bake_elevations)
         if args.bake_no_poles:
             views["poles"] = False
-        if views:
+        if views or args.cos_power is not None:
             tcfg.bake = BakeConfig(views=BakeViewsConfig(**views))
+        if args.cos_power is not None:
+            tcfg.bake.cos_power = args.cos_power
         tcfg.refine.steps = args.refine
         mesh = texture_mesh(mesh, splat.to(device), tcfg, device).mesh
         seconds["texture"] = time.perf_counter() - t
@@ -329,6 +331,9 @@ def main() -> None:
     ap.add_argument("--bake-elevations", type=float, nargs="+", default=None,
                     help="bake ring elevations (default: 0 45 -45)")  # fmt: skip
     ap.add_argument("--bake-no-poles", action="store_true", help="no bake views straight above and below")
+    ap.add_argument(
+        "--cos-power", type=float, default=None, help="the bake's blending power (default: BakeConfig's)"
+    )
     ap.add_argument("--views", type=int, default=8)
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -373,7 +378,7 @@ def main() -> None:
         "benchmark": "splat -> mesh fidelity: silhouette IoU and object PSNR of the mesh against the splat",
         "views": args.views, "size": args.size, "texture": args.texture, "texture_size": args.texture_size,
         "bake_size": args.bake_size, "bake_azimuths": args.bake_azimuths, "bake_elevations": args.bake_elevations,
-        "bake_poles": not args.bake_no_poles, "refine_steps": args.refine,
+        "bake_poles": not args.bake_no_poles, "cos_power": args.cos_power, "refine_steps": args.refine,
         "device": args.device, "results": results,
     })  # fmt: skip
     for name, res in results.items():

@@ -14,7 +14,7 @@ The bake is texel-centric. Every covered texel has a surface point and a face no
 3. its colour is the bilinear lookup of the premultiplied render divided by that of alpha (the
    splat's colour without the background), kept where the looked-up alpha is at least ``min_alpha``,
    and blended over views with weight ``alpha * cosine ** cos_power`` (a high power favours the most
-   frontal view and keeps detail sharp; 0 is a plain average).
+   frontal view; 0 is a plain average; 2, the default, scored as well as or better than 4 on held-out views).
 
 Texels no view saw, and the gutters between charts, are then filled
 (:func:`~microdreamer.texture.atlas.fill_texture`). The default view set is the issue's: 8 azimuths
