@@ -128,15 +128,16 @@ def density_field_torch(
     # chunk the Gaussians so that each chunk bins at most max_pairs pairs
     starts = chunk_bounds(counts, max_pairs)
 
+    # every tile's centre along an axis: the mean of its axis samples (one tensor, indexed per tile)
+    centres = torch.stack([axis64[i * tile : (i + 1) * tile].mean() for i in range(n_tiles)])
+
     def eval_tile(t_id: int, members: torch.Tensor) -> None:
         ix, rem = divmod(t_id, n_tiles * n_tiles)
         iy, iz = divmod(rem, n_tiles)
         sl = [slice(i * tile, min((i + 1) * tile, r)) for i in (ix, iy, iz)]
-        ax = [axis64[s] for s in sl]
-        centre = torch.stack([a.mean() for a in ax])
-        pts = torch.stack(
-            torch.meshgrid(*(a - c for a, c in zip(ax, centre, strict=True)), indexing="ij"), -1
-        )
+        centre = centres[[ix, iy, iz]]
+        offsets = [axis64[s_] - centres[i] for s_, i in zip(sl, (ix, iy, iz), strict=True)]
+        pts = torch.stack(torch.meshgrid(*offsets, indexing="ij"), -1)
         phi = _features(pts.reshape(-1, 3))  # [V, 10]
         cols = max(1, block_bytes // (8 * phi.shape[0]))
         acc = None
@@ -145,17 +146,18 @@ def density_field_torch(
         for m in torch.split(members, cols):
             psi = _coefficients(mu64[m] - centre, precision[m])  # [L, 10]
             q = phi @ psi.T  # [V, L] float64
-            drop = q > limit
+            keep = q <= limit
             if group > 1:  # several blocks share this tile: apply the block rule per voxel
                 inside = [
                     (block_first[m, a] <= blocks[a][:, None]) & (blocks[a][:, None] <= block_last[m, a])
                     for a in range(3)
                 ]  # [T_a, L] each
                 rule = inside[0][:, None, None] & inside[1][None, :, None] & inside[2][None, None, :]
-                drop |= ~rule.reshape(drop.shape)
+                keep &= rule.reshape(keep.shape)
             # clamping keeps exp's argument above -87: float32 exp is ~20x slower when its
-            # result underflows; those entries are zeroed just after
-            w = q.to(torch.float32).clamp_(0.0, _Q_MAX).mul_(-0.5).exp_().masked_fill_(drop, 0.0)
+            # result underflows; those entries are zeroed just after (a product with the mask:
+            # the same values as masked_fill_, which took 2.4x as long on the CPU)
+            w = q.to(torch.float32).clamp_(0.0, _Q_MAX).mul_(-0.5).exp_().mul_(keep)
             part = w @ opac[m]
             acc = part if acc is None else acc + part
         out[sl[0], sl[1], sl[2]] += acc.reshape(pts.shape[:3])
