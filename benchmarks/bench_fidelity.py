@@ -3,7 +3,8 @@
     python benchmarks/bench_fidelity.py [--splats creative ghost fruit guitar shell] [--resolution auto 256 ...]
         [--voxel-filter default 0 ...] [--iso auto 1.0 0.2 ...] [--carve 24 0 ...] [--carve-level 0.5 ...]
         [--texture field|bake|none] [--texture-size 1024] [--bake-size 512] [--bake-azimuths 8]
-        [--bake-elevations 0 45 -45] [--bake-no-poles] [--cos-power P] [--refine STEPS] [--views 8] [--size 256]
+        [--bake-elevations 0 45 -45] [--bake-no-poles] [--cos-power P] [--refine STEPS] [--views 8]
+        [--high-views] [--size 256]
         [--device cpu|cuda] [--name NAME]
 
 For each splat and each combination of ``--resolution`` x ``--voxel-filter`` x ``--iso`` x ``--carve`` x
@@ -164,17 +165,23 @@ def load_splat(name: str):
     return read_ply(path)
 
 
-def eval_cameras(splat, views: int, size: int):
-    """The held-out cameras: framed on the splat (turntable's framing), azimuths 22.5 + 360 k / views
-    degrees, elevations cycling 10, -25, -10, 25 degrees: none of them is a view the export renders (the
-    bake's rings at 0 and +-45 degrees every 45 degrees from azimuth 0, and its poles); the carving's
-    directions are orthographic and fixed in the grid's frame."""
+EVAL_ELEVATIONS = (10.0, -25.0, -10.0, 25.0)
+HIGH_ELEVATIONS = (40.0, -50.0, 55.0, -35.0)
+
+
+def eval_cameras(splat, views: int, size: int, elevations=EVAL_ELEVATIONS, azimuth0: float = 22.5):
+    """The held-out cameras: framed on the splat (turntable's framing), azimuths ``azimuth0`` + 360 k /
+    views degrees, elevations cycling ``elevations`` (default 10, -25, -10, 25 degrees): none of them is a
+    view the export renders (the bake's rings at 0 and +-45 degrees every 45 degrees from azimuth 0, and
+    its poles); the carving's directions are orthographic and fixed in the grid's frame. The
+    ``--high-views`` set (40, -50, 55, -35 degrees from azimuth 10) looks from above and below the bake's
+    rings instead."""
     from microdreamer.jobs.turntable import splat_framing
     from microdreamer.texture.bake import centred_orbit_cameras
 
     center, radius = splat_framing(splat)
-    az = torch.tensor([22.5 + 360.0 * k / views for k in range(views)])
-    el = torch.tensor([(10.0, -25.0, -10.0, 25.0)[k % 4] for k in range(views)])
+    az = torch.tensor([azimuth0 + 360.0 * k / views for k in range(views)])
+    el = torch.tensor([elevations[k % len(elevations)] for k in range(views)])
     return centred_orbit_cameras(el, az, center, radius, 49.1, size, 1.1)
 
 
@@ -335,6 +342,7 @@ def main() -> None:
         "--cos-power", type=float, default=None, help="the bake's blending power (default: BakeConfig's)"
     )
     ap.add_argument("--views", type=int, default=8)
+    ap.add_argument("--high-views", action="store_true", help="held-out views at elevations 40, -50, 55, -35")
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument(
@@ -351,7 +359,8 @@ def main() -> None:
     results = {}
     for name in args.splats:
         splat = load_splat(name)
-        cams = eval_cameras(splat, args.views, args.size)
+        cams = (eval_cameras(splat, args.views, args.size, HIGH_ELEVATIONS, 10.0) if args.high_views
+                else eval_cameras(splat, args.views, args.size))  # fmt: skip
         t = time.perf_counter()
         with torch.no_grad():
             r = render(splat.to(device), cams.to(device), background=(1.0, 1.0, 1.0))
@@ -376,7 +385,7 @@ def main() -> None:
             Image.fromarray(np.concatenate(sheets, 0)).save(out_dir / f"fidelity_{args.name}_{name}.png")
     save_result(out_dir / f"fidelity_{args.name}.json", {
         "benchmark": "splat -> mesh fidelity: silhouette IoU and object PSNR of the mesh against the splat",
-        "views": args.views, "size": args.size, "texture": args.texture, "texture_size": args.texture_size,
+        "views": args.views, "high_views": args.high_views, "size": args.size, "texture": args.texture, "texture_size": args.texture_size,
         "bake_size": args.bake_size, "bake_azimuths": args.bake_azimuths, "bake_elevations": args.bake_elevations,
         "bake_poles": not args.bake_no_poles, "cos_power": args.cos_power, "refine_steps": args.refine,
         "device": args.device, "results": results,
