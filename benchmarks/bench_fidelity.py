@@ -224,6 +224,32 @@ def labelled(image: np.ndarray, text: str) -> np.ndarray:
     return np.asarray(pil)
 
 
+def compare_renders(mesh_rgb, mesh_alpha, ref_rgb, ref_alpha) -> dict:
+    """The measures of a mesh's renders ([C, H, W, 3] and [C, H, W, 1], white background) against the
+    splat's at the same cameras: silhouette IoU per view, mean and min; the pixels each covers alone;
+    PSNR on object pixels (either covers) per view and mean, on the pixels both cover, and the
+    silhouette's bound."""
+    iou = silhouette_iou(mesh_alpha, ref_alpha)
+    a, b = mesh_alpha[..., 0] > 0.5, ref_alpha[..., 0] > 0.5
+    union = (a | b).float()
+    # the silhouette's bound: the mesh's coverage with the splat's own (un-premultiplied) colours, per
+    # pixel and view (more than one texture can hold)
+    splat_colour = ((ref_rgb - (1.0 - ref_alpha)) / ref_alpha.clamp_min(1e-4)).clamp(0.0, 1.0)
+    bound = mesh_alpha * splat_colour + (1.0 - mesh_alpha)
+    p = object_psnr(mesh_rgb, ref_rgb, union)
+    return {
+        "iou_per_view": [round(float(x), 4) for x in iou],
+        "iou_mean": float(iou.mean()),
+        "iou_min": float(iou.min()),
+        "mesh_only_pixels": int((a & ~b).sum()),
+        "splat_only_pixels": int((b & ~a).sum()),
+        "psnr_silhouette_bound": float(object_psnr(bound, ref_rgb, union).mean()),
+        "psnr_per_view": [round(float(x), 3) for x in p],
+        "psnr_mean": float(p.mean()),
+        "psnr_both": float(object_psnr(mesh_rgb, ref_rgb, (a & b).float()).mean()),
+    }
+
+
 # ------------------------------------------------------------------------------------ one setting
 def run_setting(splat, ref, cams, setting, args, device) -> tuple[dict, np.ndarray]:
     """One (resolution, voxel filter, iso, carve, carve level) setting through the export's own stages:
@@ -281,23 +307,10 @@ def run_setting(splat, ref, cams, setting, args, device) -> tuple[dict, np.ndarr
         out = render_mesh(mesh, cams.to(device), background=(1.0, 1.0, 1.0), ssaa=2)
     seconds["render_mesh"] = time.perf_counter() - t
     mesh_rgb, mesh_alpha = out.rgb.cpu(), out.alpha.cpu()
-    iou = silhouette_iou(mesh_alpha, ref["alpha"])
-    row["iou_per_view"] = [round(float(x), 4) for x in iou]
-    row["iou_mean"] = float(iou.mean())
-    row["iou_min"] = float(iou.min())
-    a, b = mesh_alpha[..., 0] > 0.5, ref["alpha"][..., 0] > 0.5
-    row["mesh_only_pixels"], row["splat_only_pixels"] = int((a & ~b).sum()), int((b & ~a).sum())
-    union = (a | b).float()
-    # the silhouette's bound: the mesh's coverage with the splat's own (un-premultiplied) colours, the
-    # PSNR a perfect texture would reach on this geometry
-    splat_colour = ((ref["rgb"] - (1.0 - ref["alpha"])) / ref["alpha"].clamp_min(1e-4)).clamp(0.0, 1.0)
-    bound = mesh_alpha * splat_colour + (1.0 - mesh_alpha)
-    row["psnr_silhouette_bound"] = float(object_psnr(bound, ref["rgb"], union).mean())
-    if args.texture != "none":
-        p = object_psnr(mesh_rgb, ref["rgb"], union)
-        row["psnr_per_view"] = [round(float(x), 3) for x in p]
-        row["psnr_mean"] = float(p.mean())
-        row["psnr_both"] = float(object_psnr(mesh_rgb, ref["rgb"], (a & b).float()).mean())
+    measured = compare_renders(mesh_rgb, mesh_alpha, ref["rgb"], ref["alpha"])
+    if args.texture == "none":  # an untextured mesh's colours say nothing
+        measured = {k: v for k, v in measured.items() if k not in ("psnr_per_view", "psnr_mean", "psnr_both")}
+    row.update(measured)
     row["seconds"] = seconds
     label = (f"R{conv.resolution} carve {carve}x{carve_level} iso {iso} -> {conv.iso_level:.4g}: "
              f"IoU {row['iou_mean']:.3f}, bound {row['psnr_silhouette_bound']:.1f}")  # fmt: skip

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from _common import save_result  # benchmarks/ is on sys.path when run as a script
-from bench_fidelity import SAMPLE_FILES, eval_cameras, load_splat, object_psnr, silhouette_iou
+from bench_fidelity import SAMPLE_FILES, compare_renders, eval_cameras, load_splat
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,18 +39,9 @@ def measures(mesh, splat_ref, cams, device) -> dict:
 
     with torch.no_grad():
         out = render_mesh(mesh, cams.to(device), background=(1.0, 1.0, 1.0), ssaa=2)
-    rgb, alpha = out.rgb.cpu(), out.alpha.cpu()
-    ref_rgb, ref_alpha = splat_ref
-    a, b = alpha[..., 0] > 0.5, ref_alpha[..., 0] > 0.5
-    union = (a | b).float()
-    colour = ((ref_rgb - (1.0 - ref_alpha)) / ref_alpha.clamp_min(1e-4)).clamp(0.0, 1.0)
-    bound = alpha * colour + (1.0 - alpha)
-    return {
-        "psnr": float(object_psnr(rgb, ref_rgb, union).mean()),
-        "psnr_both": float(object_psnr(rgb, ref_rgb, (a & b).float()).mean()),
-        "psnr_silhouette_bound": float(object_psnr(bound, ref_rgb, union).mean()),
-        "iou": float(silhouette_iou(alpha, ref_alpha).mean()),
-    }
+    m = compare_renders(out.rgb.cpu(), out.alpha.cpu(), *splat_ref)
+    return {"psnr": m["psnr_mean"], "psnr_both": m["psnr_both"],
+            "psnr_silhouette_bound": m["psnr_silhouette_bound"], "iou": m["iou_mean"]}  # fmt: skip
 
 
 def main() -> None:

@@ -74,7 +74,8 @@ def extract_mesh(
         ``(mesh, stats)``. ``mesh`` is empty when the grid has no surface at the threshold (the caller
         decides whether that is an error). ``stats`` holds ints ``vertices_marching_cubes``,
         ``faces_marching_cubes``, ``faces_after_cleanup``, ``components``, ``components_removed``
-        (floaters), ``cavities_removed``, ``faces_in_cavities``, ``vertices``, ``faces`` (final counts) and ``seconds``: a dict of wall-clock seconds for
+        (floaters), ``cavities_removed``, ``faces_in_cavities``, ``vertices``, ``faces`` (final counts)
+        and ``seconds``: a dict of wall-clock seconds for
         ``marching_cubes``, ``cleanup`` and ``decimate`` (0 when skipped) (the torch backend's
         counts and stats synchronise with the device, so its times are the work's), and
         ``backend``: the implementation that ran (``"skimage"`` or ``"torch"``).
