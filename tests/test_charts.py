@@ -10,6 +10,7 @@ import torch
 import trimesh
 
 from microdreamer.errors import InputError
+from microdreamer.kernels import cpu as cpu_kernels
 from microdreamer.mesh import Mesh
 from microdreamer.texture import TextureConfig, texture_mesh
 from microdreamer.texture.charts import (
@@ -21,6 +22,9 @@ from microdreamer.texture.charts import (
     slab_extents,
     unwrap_charts,
 )
+
+needs_cpp = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler for the CPU kernels")
+
 
 # ---------------------------------------------------------------------------------------------------
 # input builders (shared with benchmarks/bench_unwrap.py)
@@ -555,7 +559,7 @@ def test_compiled_packer_setting_is_validated():
         unwrap_charts(cube(), packer="rust")
 
 
-@pytest.mark.cuda
+@needs_cpp
 @pytest.mark.parametrize("seed", range(6))
 def test_compiled_skyline_pack_matches_numpy(seed):
     # the C++ loop against the NumPy reference: the same corners, turns and height, exactly; sizes from
@@ -583,7 +587,7 @@ def test_compiled_skyline_pack_matches_numpy(seed):
         assert got[2] == want[2]
 
 
-@pytest.mark.cuda
+@needs_cpp
 def test_compiled_skyline_pack_rejects_a_chart_wider_than_the_atlas():
     from microdreamer.texture.charts import compiled_skyline_pack
 
@@ -592,7 +596,7 @@ def test_compiled_skyline_pack_rejects_a_chart_wider_than_the_atlas():
         compiled_skyline_pack([wide], 40, 2)
 
 
-@pytest.mark.cuda
+@needs_cpp
 def test_unwrap_charts_with_the_compiled_packer_matches_numpy_on_a_real_mesh():
     from conftest import sample
 

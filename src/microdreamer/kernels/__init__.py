@@ -5,8 +5,9 @@ the arguments mean, the defaults and the choice between implementations live in
 are :mod:`microdreamer.field.reference` (float64 brute force) and :mod:`microdreamer.field.torch_impl`.
 Importing this package compiles nothing and works without a GPU.
 
-``csrc/skyline.cpp`` is host code: the UV packer's skyline loop (:func:`skyline_pack`), built into the same
-extension. ``csrc/carve.cu`` holds silhouette carving's projected alpha (:func:`carve_alpha`; its PyTorch path and
+``csrc/cpu/`` holds the C++ CPU kernels (plain C functions, built with the system's
+compiler and loaded with ctypes by :mod:`._cpu_backend`; wrappers in :mod:`.cpu`): the density field's
+``"cpp"`` backend and the UV packer's skyline loop. ``csrc/carve.cu`` holds silhouette carving's projected alpha (:func:`carve_alpha`; its PyTorch path and
 the semantics are in :mod:`microdreamer.field.carve`).
 
 The field kernels (``csrc/fields.cu``):
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["carve_alpha", "extract_fields", "skyline_pack"]
+__all__ = ["carve_alpha", "extract_fields"]
 
 
 def extract_fields(
@@ -128,37 +129,3 @@ def carve_alpha(
     from microdreamer.kernels import _backend
 
     _backend.load().carve_alpha(precision, offset, box, opacity, sums, int(v_size))
-
-
-def skyline_pack(
-    bottom: torch.Tensor,
-    top: torch.Tensor,
-    col_offset: torch.Tensor,
-    left: torch.Tensor,
-    right: torch.Tensor,
-    row_offset: torch.Tensor,
-    turnable: torch.Tensor,
-    width: int,
-    padding: int,
-    orientations: int,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Chart outlines dropped onto a skyline on the host (C++; the NumPy reference and the semantics are
-    :func:`microdreamer.texture.charts.skyline_pack`, whose per-chart profiles these are, concatenated).
-
-    Args:
-        bottom, top: [sum W_c] int64 CPU, each chart's (bottom, top) profile over its W_c columns, chart
-            after chart; col_offset: [C + 1] int64 where each chart's columns start (0 first).
-        left, right: [sum H_c] int64 CPU, the same over rows; row_offset: [C + 1] int64.
-        turnable: [C] bool CPU, the charts that may turn.
-        width, padding, orientations: the strip's width, the padding (width > 2 padding), 2 or 4.
-
-    Returns:
-        (corner [C, 2] int64, turns [C] int64, height); height is ``-1 - c`` when chart c fits across
-        the strip in no orientation.
-    """
-    from microdreamer.kernels import _backend
-
-    module = _backend.load()
-    return module.skyline_pack(
-        bottom, top, col_offset, left, right, row_offset, turnable, int(width), int(padding), int(orientations)
-    )  # fmt: skip

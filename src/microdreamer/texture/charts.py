@@ -44,7 +44,7 @@ CPU's, and from run to run, in the last bits.
 
 Integer sorts and graph searches run in NumPy / SciPy on the CPU (their sorts are about 5x faster
 than torch's there) and in torch elsewhere, with the same results; the skyline's loop runs on the host,
-in NumPy (:func:`skyline_pack`, the reference) or, next to a CUDA device, in C++ from the CUDA extension
+in NumPy (:func:`skyline_pack`, the reference) or in C++ from the CPU kernels where a compiler builds them
 (:func:`compiled_skyline_pack`, the same layout). ``benchmarks/bench_unwrap.py`` measures it against
 xatlas.
 """
@@ -578,10 +578,10 @@ def compiled_skyline_pack(
     turnable: np.ndarray | None = None,
     orientations: int = 2,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """:func:`skyline_pack` in C++ (:func:`microdreamer.kernels.skyline_pack`, part of the CUDA
-    extension, so only where that builds): the same arguments, the same layout, 6-15x faster on the
-    samples' charts (``benchmarks/README.md``)."""
-    from microdreamer import kernels
+    """:func:`skyline_pack` in C++ (:func:`microdreamer.kernels.cpu.skyline_pack`, the C++ CPU
+    kernels: needs a C++ compiler on first use): the same arguments, the same layout, 6-15x faster on
+    the samples' charts (``benchmarks/README.md``)."""
+    from microdreamer.kernels import cpu
 
     n = len(profiles)
     widths = np.fromiter((len(p[0]) for p in profiles), np.int64, n)
@@ -595,7 +595,7 @@ def compiled_skyline_pack(
         return torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
 
     turn = torch.as_tensor(np.ones(n, bool) if turnable is None else np.asarray(turnable, bool))
-    corner, turns, height = kernels.skyline_pack(
+    corner, turns, height = cpu.skyline_pack(
         flat(0), flat(1), offsets(widths), flat(2), flat(3), offsets(heights), turn.contiguous(),
         width, padding, orientations,
     )  # fmt: skip
@@ -950,8 +950,8 @@ def unwrap_charts(
             or ``"shelf"`` (bounding rectangles on shelves: fewer steps, less of the atlas used).
         device: where the computation runs (the packing loop runs on the CPU either way).
         packer: the skyline's loop: ``"numpy"`` (:func:`skyline_pack`), ``"compiled"`` (the same in C++,
-            :func:`compiled_skyline_pack`: needs the CUDA extension), or ``"auto"``: compiled when
-            ``device`` is a CUDA device, else NumPy. Both give the same layout.
+            :func:`compiled_skyline_pack`: needs a C++ compiler), or ``"auto"``: compiled where the C++
+            CPU kernels build, else NumPy. Both give the same layout.
 
     Returns:
         :class:`UVLayout`; stats ``faces_in``, ``faces``, ``vertices``, ``charts``, ``utilization``
@@ -988,7 +988,9 @@ def unwrap_charts(
         raise ValueError(f"packer = {packer!r} is unknown; use one of {', '.join(PACKERS)}")
     device = torch.device(device)
     if packer == "auto":
-        packer = "compiled" if device.type == "cuda" else "numpy"
+        from microdreamer.kernels import cpu
+
+        packer = "compiled" if cpu.usable() else "numpy"
     pack_fn = compiled_skyline_pack if packer == "compiled" else skyline_pack
     faces_in = mesh.num_faces
     start = time.perf_counter()

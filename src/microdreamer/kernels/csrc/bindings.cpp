@@ -1,5 +1,5 @@
-// Python bindings of the density-field kernels (input checks, workspace, binning and chunking on the host
-// side, launches on the current stream, every launch checked) and of the host-side skyline packer.
+// Python bindings of the density-field and carving kernels (input checks, workspace, binning and chunking on
+// the host side, launches on the current stream, every launch checked).
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
@@ -12,7 +12,6 @@
 
 #include "carve.h"
 #include "fields.h"
-#include "skyline.h"
 
 namespace {
 
@@ -433,59 +432,9 @@ void carve_alpha(const at::Tensor& precision, const at::Tensor& offset, const at
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// skyline_pack: chart outlines packed into a strip on the host (int64 CPU tensors; see skyline.h).
-// Returns (corner [C, 2], turns [C], height), height = -1 - c when chart c fits in no orientation.
-std::tuple<at::Tensor, at::Tensor, int64_t> skyline_pack(const at::Tensor& bottom, const at::Tensor& top,
-                                                         const at::Tensor& col_offset, const at::Tensor& left,
-                                                         const at::Tensor& right, const at::Tensor& row_offset,
-                                                         const at::Tensor& turnable, int64_t width, int64_t padding,
-                                                         int64_t orientations) {
-  const at::Device cpu(at::kCPU);
-  const int64_t c = turnable.numel();
-  check_tensor(turnable, "turnable", at::kBool, cpu);
-  check_shape(turnable, "turnable", {c});
-  check_tensor(col_offset, "col_offset", at::kLong, cpu);
-  check_shape(col_offset, "col_offset", {c + 1});
-  check_tensor(row_offset, "row_offset", at::kLong, cpu);
-  check_shape(row_offset, "row_offset", {c + 1});
-  const int64_t* co = col_offset.data_ptr<int64_t>();
-  const int64_t* ro = row_offset.data_ptr<int64_t>();
-  TORCH_CHECK(co[0] == 0 && ro[0] == 0, "col_offset and row_offset must start at 0");
-  for (int64_t i = 0; i < c; ++i)
-    TORCH_CHECK(co[i + 1] > co[i] && ro[i + 1] > ro[i], "chart ", i, " has no column or no row (offsets ", co[i],
-                "..", co[i + 1], ", ", ro[i], "..", ro[i + 1], ")");
-  for (const auto& [t, name, n] : {std::tuple{&bottom, "bottom", co[c]}, std::tuple{&top, "top", co[c]},
-                                   std::tuple{&left, "left", ro[c]}, std::tuple{&right, "right", ro[c]}}) {
-    check_tensor(*t, name, at::kLong, cpu);
-    check_shape(*t, name, {n});
-  }
-  TORCH_CHECK(padding >= 0 && width > 2 * padding, "width ", width, " must exceed twice the padding ", padding);
-  TORCH_CHECK(orientations == 2 || orientations == 4, "orientations must be 2 or 4, got ", orientations);
-  at::Tensor corner = at::zeros({c, 2}, col_offset.options());
-  at::Tensor turns = at::zeros({c}, col_offset.options());
-  if (c == 0) return {corner, turns, padding};
-  microdreamer::SkylineArgs a;
-  a.bottom = bottom.data_ptr<int64_t>();
-  a.top = top.data_ptr<int64_t>();
-  a.col_offset = co;
-  a.left = left.data_ptr<int64_t>();
-  a.right = right.data_ptr<int64_t>();
-  a.row_offset = ro;
-  a.turnable = turnable.data_ptr<bool>();
-  a.charts = c;
-  a.width = width;
-  a.padding = padding;
-  a.orientations = orientations;
-  a.corner = corner.data_ptr<int64_t>();
-  a.turns = turns.data_ptr<int64_t>();
-  const int64_t height = microdreamer::skyline_pack(a);
-  return {corner, turns, height};
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("extract_fields", &extract_fields, "density field on a grid (see microdreamer.kernels.extract_fields)");
-  m.def("skyline_pack", &skyline_pack, "chart outlines packed on a skyline (see microdreamer.kernels.skyline_pack)");
   m.def("carve_alpha", &carve_alpha, "silhouette carving's projected alpha (see microdreamer.kernels.carve_alpha)");
 }

@@ -1,6 +1,6 @@
 // Skyline packing of chart outlines on the host (plain C++ interface: no PyTorch, no CUDA). The NumPy
-// reference with the same semantics is microdreamer.texture.charts.skyline_pack; bindings.cpp checks the
-// tensors and calls this.
+// reference with the same semantics is microdreamer.texture.charts.skyline_pack; skyline_c.cpp exports it to
+// microdreamer.kernels.cpu.skyline_pack, which checks the arrays.
 #pragma once
 
 #include <cstdint>

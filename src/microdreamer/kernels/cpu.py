@@ -1,0 +1,153 @@
+"""Thin wrappers of the C++ CPU kernels (``csrc/cpu/``, loaded by :mod:`._cpu_backend`).
+
+Tensors and plain numbers in, tensors out. Every wrapper checks devices, dtypes, contiguity and shapes
+before a pointer reaches C++ (the C functions trust their inputs), and splits its work into independent
+parts that run on Python threads (a ctypes call releases the GIL). The semantics, the PyTorch paths and
+the choice between them live in the stage modules that call these: :mod:`microdreamer.field` (its
+``"cpp"`` backend) and :mod:`microdreamer.texture.charts` (the packer). Importing this module compiles
+nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from microdreamer.kernels import _cpu_backend
+
+__all__ = ["available", "field_scatter", "skyline_pack", "usable"]
+
+logger = logging.getLogger(__name__)
+
+
+def available() -> bool:
+    """True when the C++ CPU kernels are built or can be built here (a C++ compiler is found); builds
+    nothing."""
+    return _cpu_backend.available()
+
+
+def usable() -> bool:
+    """True when the kernels load (building them now if needed, about a second once); False, with one
+    warning per process, when there is no compiler or the build fails: for ``"auto"`` choices, which
+    then take the PyTorch or NumPy path."""
+    if not _cpu_backend.available():
+        return False
+    try:
+        _cpu_backend.load()
+    except RuntimeError as e:
+        logger.warning("%s; using the PyTorch paths instead", e)
+        return False
+    return True
+
+
+def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor, got one on {t.device}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _run_parts(fn, parts: list, workers: int) -> None:
+    from microdreamer.cpu_pool import map_single_threaded
+
+    map_single_threaded(fn, parts, max(1, min(workers, len(parts))))
+
+
+def field_scatter(
+    means: torch.Tensor,
+    transforms: torch.Tensor,
+    opacities: torch.Tensor,
+    box: torch.Tensor,
+    axis: torch.Tensor,
+    limit: float,
+    out: torch.Tensor,
+    workers: int = 1,
+) -> torch.Tensor:
+    """Add ``opacity * exp(-q / 2)`` of N Gaussians to the voxels of their boxes where ``q <= limit``.
+
+    Args:
+        means: [N, 3] float64; transforms: [N, 3, 3] float64 whitening transforms M,
+            ``q = |M (x - mean)|^2``; opacities: [N] float32.
+        box: [N, 3, 2] int64 first and last voxel index per axis (inclusive; clipped to the grid here;
+            last < first: none).
+        axis: [R] float64, the grid's coordinates along every axis (evenly spaced, ascending).
+        limit: terms with q above it are dropped.
+        out: [R, R, R] float32, added to in place (index [i, j, k] is (axis[i], axis[j], axis[k])).
+        workers: threads, each owning slabs of i (every voxel's sum runs in Gaussian order).
+
+    Returns:
+        ``out``.
+    """
+    n, r = means.shape[0], axis.shape[0]
+    _check(means, "means", torch.float64, (n, 3))
+    _check(transforms, "transforms", torch.float64, (n, 3, 3))
+    _check(opacities, "opacities", torch.float32, (n,))
+    _check(box, "box", torch.int64, (n, 3, 2))
+    _check(axis, "axis", torch.float64, (r,))
+    _check(out, "out", torch.float32, (r, r, r))
+    if n == 0 or r == 0:
+        return out
+    fn = _cpu_backend.load().md_field_scatter
+    slabs = max(1, min(r, 4 * workers))
+    bounds = [r * s // slabs for s in range(slabs + 1)]
+    args = (means.data_ptr(), transforms.data_ptr(), opacities.data_ptr(), box.data_ptr(), axis.data_ptr())
+
+    def part(s: int) -> None:
+        fn(n, *args, float(limit), r, bounds[s], bounds[s + 1], out.data_ptr())
+
+    _run_parts(part, list(range(slabs)), workers)
+    return out
+
+
+def skyline_pack(
+    bottom: torch.Tensor,
+    top: torch.Tensor,
+    col_offset: torch.Tensor,
+    left: torch.Tensor,
+    right: torch.Tensor,
+    row_offset: torch.Tensor,
+    turnable: torch.Tensor,
+    width: int,
+    padding: int,
+    orientations: int,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The skyline packer of :func:`microdreamer.kernels.skyline_pack` (same arguments and results: chart
+    profiles as int64 CPU tensors), from the CPU library instead of the CUDA extension."""
+    c = turnable.shape[0]
+    _check(turnable, "turnable", torch.bool, (c,))
+    _check(col_offset, "col_offset", torch.int64, (c + 1,))
+    _check(row_offset, "row_offset", torch.int64, (c + 1,))
+    co, ro = col_offset.tolist(), row_offset.tolist()
+    if co[0] != 0 or ro[0] != 0:
+        raise ValueError("col_offset and row_offset must start at 0")
+    for i in range(c):
+        if not (co[i + 1] > co[i] and ro[i + 1] > ro[i]):
+            raise ValueError(
+                f"chart {i} has no column or no row (offsets {co[i]}..{co[i + 1]}, {ro[i]}..{ro[i + 1]})"
+            )
+    for t, name, size in (
+        (bottom, "bottom", co[c]),
+        (top, "top", co[c]),
+        (left, "left", ro[c]),
+        (right, "right", ro[c]),
+    ):
+        _check(t, name, torch.int64, (size,))
+    if not (padding >= 0 and width > 2 * padding):
+        raise ValueError(f"width {width} must exceed twice the padding {padding}")
+    if orientations not in (2, 4):
+        raise ValueError(f"orientations must be 2 or 4, got {orientations}")
+    corner = torch.zeros(c, 2, dtype=torch.int64)
+    turns = torch.zeros(c, dtype=torch.int64)
+    if c == 0:
+        return corner, turns, int(padding)
+    height = _cpu_backend.load().md_skyline_pack(
+        bottom.data_ptr(), top.data_ptr(), col_offset.data_ptr(), left.data_ptr(), right.data_ptr(),
+        row_offset.data_ptr(), turnable.data_ptr(), c, int(width), int(padding), int(orientations),
+        corner.data_ptr(), turns.data_ptr(),
+    )  # fmt: skip
+    return corner, turns, int(height)
