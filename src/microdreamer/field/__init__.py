@@ -5,7 +5,11 @@ Stage function :func:`density_field`. Implementations, chosen explicitly with ``
 * ``"torch"``: vectorised, chunked PyTorch (CPU or CUDA), :mod:`microdreamer.field.torch_impl`.
 * ``"cuda"``: the fused CUDA kernels (CUDA tensors only), through :mod:`microdreamer.field.cuda`, which
   holds their options and the policy that picks them.
-* ``"auto"``: ``"cuda"`` when the splat is on a CUDA device, else ``"torch"``.
+* ``"cpp"``: the C++ CPU kernel (CPU tensors; built with the system's C++ compiler on first use),
+  :mod:`microdreamer.field.cpp_impl`: each Gaussian scattered into its box, 5-10x faster than
+  ``"torch"`` on the CPU (``benchmarks/README.md``).
+* ``"auto"``: ``"cuda"`` when the splat is on a CUDA device, else ``"cpp"`` where the C++ kernels
+  build, else ``"torch"``.
 
 :mod:`microdreamer.field.reference` holds the float64 brute-force reference that defines the
 semantics (see :mod:`microdreamer.field.common` for the modes and the exact mode's error bound).
@@ -41,7 +45,7 @@ __all__ = [
     "resolve_resolution",
 ]
 
-BACKENDS = ("auto", "torch", "cuda")
+BACKENDS = ("auto", "torch", "cuda", "cpp")
 
 
 @dataclass
@@ -68,9 +72,15 @@ def _field_backend(backend: str, device: torch.device) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"unknown field backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        return "cuda" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            return "cuda"
+        from microdreamer.kernels import cpu
+
+        return "cpp" if device.type == "cpu" and cpu.usable() else "torch"
     if backend == "cuda" and device.type != "cuda":
         raise ValueError("backend='cuda' needs the splat on a CUDA device")
+    if backend == "cpp" and device.type != "cpu":
+        raise ValueError("backend='cpp' needs the splat on the CPU")
     return backend
 
 
@@ -83,6 +93,13 @@ def compute_field(
         from microdreamer.field.cuda import extract_fields
 
         return extract_fields(prepared, grid, config), chosen
+    if chosen == "cpp":
+        from microdreamer.field.cpp_impl import density_field_cpp
+
+        values = density_field_cpp(prepared, grid, config)
+        if progress is not None:
+            progress(1.0)
+        return values, chosen
     return density_field_torch(prepared, grid, config, progress=progress), chosen
 
 
@@ -99,7 +116,7 @@ def density_field(
         splat: N Gaussians (any device).
         config: resolution (a number, or ``"auto"``: :func:`auto_resolution`), mode and their
             parameters (defaults: 128^3, exact mode).
-        backend: ``"auto" | "torch" | "cuda"``.
+        backend: ``"auto" | "torch" | "cuda" | "cpp"``.
         device: where to compute (defaults to the splat's device).
         progress: optional callable ``progress(done_fraction)`` (torch backend).
     """

@@ -30,8 +30,9 @@ EXACT_TILE = 8
 _Q_MAX = 174.0  # exp(-0.5 * 174) = 1.6e-38
 
 
-def _tile_ranges_exact(prepared: PreparedGaussians, grid: GridSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, 3] first and last tile index per axis whose voxels the cutoff box may reach (last < first: none)."""
+def exact_voxel_ranges(prepared: PreparedGaussians, grid: GridSpec) -> tuple[torch.Tensor, ...]:
+    """[N, 3] float64 first and last voxel index per axis of each cutoff box (clamped to the grid,
+    widened by 1e-9 of a voxel for rounding), and [N, 3] bool: the box misses the grid on that axis."""
     r = grid.resolution
     h = 2.0 / (r - 1)
     mu = prepared.means.double()
@@ -39,6 +40,12 @@ def _tile_ranges_exact(prepared: PreparedGaussians, grid: GridSpec) -> tuple[tor
     lo = torch.ceil((mu - rad + 1.0) / h - 1e-9).clamp(0, r - 1)
     hi = torch.floor((mu + rad + 1.0) / h + 1e-9).clamp(0, r - 1)
     empty = ((mu + rad) < -1.0 - h) | ((mu - rad) > 1.0 + h)
+    return lo, hi, empty
+
+
+def _tile_ranges_exact(prepared: PreparedGaussians, grid: GridSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, 3] first and last tile index per axis whose voxels the cutoff box may reach (last < first: none)."""
+    lo, hi, empty = exact_voxel_ranges(prepared, grid)
     first = (lo / EXACT_TILE).floor().long()
     last = (hi / EXACT_TILE).floor().long()
     last = torch.where(empty, first - 1, last)
