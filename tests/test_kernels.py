@@ -2,6 +2,7 @@
 the float64 reference and the PyTorch path; the CUDA tests skip on a machine without a GPU."""
 
 import math
+import shutil
 from dataclasses import fields
 
 import pytest
@@ -535,3 +536,78 @@ def test_real_splats_against_torch_path(mode, name):
             continue
         out = run_kernel(prepared, grid, cfg, impl, **kw)
         assert rel_err(out, ref) <= FIELD_REL_TOL
+
+
+# ----------------------------------------------------------------------------------------------
+# the C++ CPU library's loader (its kernels are tested in test_field.py, test_field_carve.py,
+# test_charts.py against their references)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_cpu_loader(tmp_path, monkeypatch):
+    """The CPU loader with no library loaded, no failure recorded and its cache under tmp_path."""
+    from microdreamer.kernels import _cpu_backend
+
+    monkeypatch.setattr(_cpu_backend, "_library", None)
+    monkeypatch.setattr(_cpu_backend, "_failure", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return _cpu_backend
+
+
+def test_cpu_import_compiles_nothing():
+    import subprocess
+    import sys
+
+    code = (
+        "import microdreamer.kernels.cpu, microdreamer.field, microdreamer.texture.charts; "
+        "from microdreamer.kernels import _cpu_backend; assert _cpu_backend._library is None"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+def test_cpu_library_builds_once_into_a_folder_named_by_its_sources(fresh_cpu_loader, tmp_path, monkeypatch):
+    loader = fresh_cpu_loader
+    cxx = loader.compiler()
+    key = loader.build_key(cxx)
+    lib = loader.load()
+    assert (tmp_path / "cache" / "microdreamer" / "cpu_kernels" / key / loader.LIBRARY).is_file()
+    assert all(hasattr(lib, name) for name in loader.SIGNATURES)
+    assert not list((tmp_path / "cache").rglob(".build-*"))  # the temporary file was renamed
+    assert loader.load() is lib
+    csrc = tmp_path / "csrc"
+    shutil.copytree(loader.CSRC, csrc)
+    monkeypatch.setattr(loader, "CSRC", csrc)
+    assert loader.build_key(cxx) == key
+    (csrc / loader.SOURCES[0]).write_text((csrc / loader.SOURCES[0]).read_text() + "\n// changed\n")
+    assert loader.build_key(cxx) != key
+
+
+def test_without_a_compiler_auto_choices_take_the_pytorch_paths(fresh_cpu_loader, monkeypatch, caplog):
+    from microdreamer.field import density_field
+    from microdreamer.kernels import cpu
+
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert not cpu.available() and not cpu.usable()
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler found.*set CXX"):
+        fresh_cpu_loader.load()
+    fld = density_field(make_random_splat(10, seed=1), FieldConfig(resolution=10))
+    assert fld.backend == "torch"
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+def test_a_failing_build_is_one_clear_error_and_the_auto_paths_fall_back(fresh_cpu_loader, tmp_path, monkeypatch,
+                                                                          caplog):  # fmt: skip
+    from microdreamer.kernels import cpu
+
+    csrc = tmp_path / "csrc"
+    shutil.copytree(fresh_cpu_loader.CSRC, csrc)
+    monkeypatch.setattr(fresh_cpu_loader, "CSRC", csrc)
+    (csrc / "cpu" / "field.cpp").write_text("this is not C++\n")
+    with caplog.at_level("WARNING"):
+        assert not cpu.usable()
+    assert "building the microdreamer C++ CPU kernels failed" in caplog.text
+    assert not cpu.available()  # a failed build is not retried in this process
+    with pytest.raises(RuntimeError, match="failed"):
+        fresh_cpu_loader.load()

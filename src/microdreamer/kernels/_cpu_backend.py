@@ -1,10 +1,9 @@
 """Loader of the C++ CPU kernels: one shared library built with the system's C++ compiler on first use.
 
-The sources (``csrc/cpu/``) export plain C functions
-(pointers and sizes; no PyTorch or Python headers), so a build is one compiler call of about a second
-and the library is loaded with :mod:`ctypes`, whose calls release the GIL: the wrappers in
-:mod:`microdreamer.kernels.cpu` run them on several Python threads at once
-(:mod:`microdreamer.cpu_pool`). Each build lives in ``$XDG_CACHE_HOME/microdreamer/cpu_kernels/<key>``
+The sources (``csrc/cpu/``) export plain C functions (pointers and sizes; no PyTorch or Python headers),
+so a build is one compiler call of about a second and the library is loaded with :mod:`ctypes`, whose
+calls release the GIL: the wrappers in :mod:`microdreamer.kernels.cpu` run them on several Python
+threads at once (:mod:`microdreamer.cpu_pool`). Each build lives in ``$XDG_CACHE_HOME/microdreamer/cpu_kernels/<key>``
 (``~/.cache`` when unset), the key a hash of the sources, the flags and the compiler's ``--version``;
 the library is written under a temporary name and renamed, so processes that build at once never load
 half a file. The compiler is ``$CXX``, else ``c++``; a machine without one keeps the PyTorch paths
@@ -56,7 +55,7 @@ def available() -> bool:
     process. Cheap: builds nothing."""
     if _library is not None:
         return True
-    return _failure is None and (compiler() is not None or _finished_build() is not None)
+    return _failure is None and compiler() is not None
 
 
 def load() -> ctypes.CDLL:
