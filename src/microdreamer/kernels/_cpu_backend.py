@@ -27,7 +27,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().with_name("csrc")
-SOURCES = ("cpu/bake.cpp", "cpu/field.cpp", "cpu/skyline.cpp", "cpu/skyline_c.cpp")
+SOURCES = ("cpu/bake.cpp", "cpu/field.cpp", "cpu/raster.cpp", "cpu/skyline.cpp", "cpu/skyline_c.cpp")
 HEADERS = ("cpu/skyline.h",)
 CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno"]
 LIBRARY = "libmicrodreamer_cpu.so"
@@ -37,6 +37,7 @@ _i64, _f64, _ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 SIGNATURES: dict[str, list] = {
     "md_bake_accumulate": [_i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _f64, _ptr, _ptr]
     + [_f64, _f64, _f64, _f64, _ptr, _ptr],
+    "md_raster_depth": [_i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _f64, _f64, _i64, _ptr],
     "md_field_scatter": [_i64, _ptr, _ptr, _ptr, _ptr, _ptr, _f64, _i64, _i64, _i64, _ptr],
     "md_skyline_pack": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr],
 }

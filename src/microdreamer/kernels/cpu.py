@@ -4,8 +4,8 @@ Tensors and plain numbers in, tensors out. Every wrapper checks devices, dtypes,
 before a pointer reaches C++ (the C functions trust their inputs), and splits its work into independent
 parts that run on Python threads (a ctypes call releases the GIL). The semantics, the PyTorch paths and
 the choice between them live in the stage modules that call these: :mod:`microdreamer.field` (its
-``"cpp"`` backend), :mod:`microdreamer.texture.charts` (the packer) and :mod:`microdreamer.texture.bake`
-(its ``"cpp"`` projection backend). Importing this module compiles
+``"cpp"`` backend), :mod:`microdreamer.texture.charts` (the packer), :mod:`microdreamer.texture.bake` (its ``"cpp"``
+projection backend) and :mod:`microdreamer.render.mesh` (``rasterize_depth``'s ``"cpp"`` backend). Importing this module compiles
 nothing.
 """
 
@@ -17,7 +17,7 @@ import torch
 
 from microdreamer.kernels import _cpu_backend
 
-__all__ = ["available", "bake_accumulate", "field_scatter", "skyline_pack", "usable"]
+__all__ = ["available", "bake_accumulate", "field_scatter", "raster_depth", "skyline_pack", "usable"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +169,54 @@ def bake_accumulate(
         fn(bounds[s], bounds[s + 1], *args, num.data_ptr(), den.data_ptr())
 
     _run_parts(part, list(range(parts)), workers)
+
+
+def raster_depth(
+    pix: torch.Tensor,
+    cam: torch.Tensor,
+    faces: torch.Tensor,
+    height: int,
+    width: int,
+    near: float,
+    far: float,
+    cull_backfaces: bool,
+    zbuf: torch.Tensor,
+    workers: int = 1,
+) -> torch.Tensor:
+    """The depth test of :func:`microdreamer.render.mesh.rasterize_depth` (its PyTorch path is the
+    reference; the rules are in ``render/mesh.py``'s docstring and ``csrc/cpu/raster.cpp``).
+
+    Args:
+        pix: [C, V, 2] float32 projected vertices (pixel coordinates); cam: [C, V, 3] float32 camera-space
+            vertices (both as ``render.mesh._project`` gives them).
+        faces: [F, 3] int64 vertex indices in [0, V).
+        height, width: H x W; near, far: the cameras' depth range.
+        cull_backfaces: skip faces seen from behind.
+        zbuf: [C, H, W] float32, lowered in place to the nearest covering face's depth (+inf: none yet).
+        workers: threads, each owning whole cameras.
+
+    Returns:
+        ``zbuf``.
+    """
+    c, v, f = pix.shape[0], pix.shape[1], faces.shape[0]
+    _check(pix, "pix", torch.float32, (c, v, 2))
+    _check(cam, "cam", torch.float32, (c, v, 3))
+    _check(faces, "faces", torch.int64, (f, 3))
+    _check(zbuf, "zbuf", torch.float32, (c, height, width))
+    if c == 0 or f == 0 or height == 0 or width == 0:
+        return zbuf
+    if v == 0 or int(faces.min()) < 0 or int(faces.max()) >= v:
+        raise ValueError(f"faces must index the {v} vertices")
+    fn = _cpu_backend.load().md_raster_depth
+    bounds = [c * s // max(1, min(c, workers)) for s in range(max(1, min(c, workers)) + 1)]
+    args = (pix.data_ptr(), cam.data_ptr(), v, faces.data_ptr(), f, int(height), int(width))
+    args += (float(near), float(far), int(bool(cull_backfaces)), zbuf.data_ptr())
+
+    def part(s: int) -> None:
+        fn(bounds[s], bounds[s + 1], *args)
+
+    _run_parts(part, list(range(len(bounds) - 1)), workers)
+    return zbuf
 
 
 def skyline_pack(
