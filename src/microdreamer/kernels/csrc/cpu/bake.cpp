@@ -20,8 +20,8 @@ namespace {
 
 // a * b + c rounded once to float32, as a fused multiply-add does (the product of two floats is exact in
 // double; the double sum is rounded again to float, which differs from one rounding only when it lands
-// exactly halfway between two floats). Plain float32 arithmetic, not std::fma: the library is built for the
-// baseline x86-64, which has no FMA instruction.
+// exactly halfway between two floats). In double rather than std::fma: the library is built for the
+// baseline x86-64, which has no FMA instruction (std::fma would be a library call).
 inline float fma32(float a, float b, float c) {
   return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c));
 }
