@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from microdreamer.cameras import Cameras, orbit_cameras
+from microdreamer.kernels import cpu as cpu_kernels
 from microdreamer.render.mesh import (
     Fragments,
     interpolate,
@@ -132,20 +133,46 @@ def test_camera_groups_on_threads_give_the_same_fragments(workers):
     assert int((want.face_id >= 0).sum()) > 0
 
 
-@pytest.mark.parametrize(
-    "seed, n_faces, cull, workers", [(1, 300, False, 1), (2, 500, True, 2), (3, 1, False, 1)]
+CPP = pytest.param(
+    "cpp", marks=pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler for the CPU kernels")
 )
-def test_depth_only_rasterisation_equals_the_full_one(seed, n_faces, cull, workers):
-    """rasterize_depth (the depth test's buffer, no last pass) against rasterize: depth and alpha equal
-    to the bit, on random soups (intersecting faces, ties) with and without culling."""
+
+
+@pytest.mark.parametrize("backend", ["torch", CPP])
+@pytest.mark.parametrize(
+    "seed, n_faces, cull, workers",
+    [(1, 300, False, 1), (2, 500, True, 2), (3, 1, False, 1), (4, 0, False, 1), (5, 2001, True, 3)]
+    + [(s, 777, s % 2 == 0, 2) for s in range(6, 14)],
+)
+def test_depth_only_rasterisation_equals_the_full_one(seed, n_faces, cull, workers, backend):
+    """rasterize_depth (the depth test's buffer, no last pass; PyTorch or the C++ CPU kernel) against
+    rasterize: depth and alpha equal to the bit, on random soups (intersecting faces, ties) with and
+    without culling. Both follow the same float32 operations on the same projected vertices, so no
+    tolerance: a pixel on an edge must fall on the same side."""
     verts, faces = _soup(seed, 150, n_faces)
     cams = _random_cameras(seed, 3, 45, 38)
     want = rasterize(verts, faces, cams, cull_backfaces=cull, max_candidates=7000, workers=1)
     depth, alpha = rasterize_depth(
-        verts, faces, cams, cull_backfaces=cull, max_candidates=7000, workers=workers
+        verts, faces, cams, cull_backfaces=cull, max_candidates=7000, workers=workers, backend=backend
     )
     assert torch.equal(depth, want.depth) and torch.equal(alpha, want.alpha)
-    assert n_faces == 1 or int(alpha.sum()) > 0
+    assert n_faces <= 1 or int(alpha.sum()) > 0
+
+
+@pytest.mark.parametrize("backend", ["torch", CPP])
+def test_depth_only_rasterisation_of_a_closed_mesh_in_the_bake_views(backend):
+    """rasterize_depth as the bake calls it (a closed mesh, culling, 26 views of 96^2 around it) equals
+    rasterize to the bit."""
+    from microdreamer.synthetic import sphere_mesh
+    from microdreamer.texture import BakeViewsConfig, bake_cameras
+
+    mesh = sphere_mesh(3)
+    verts, faces = torch.from_numpy(mesh.vertices).float(), torch.from_numpy(mesh.faces).long()
+    cams = bake_cameras(BakeViewsConfig(size=96), torch.zeros(3), float(verts.norm(dim=-1).max()))
+    want = rasterize(verts, faces, cams, cull_backfaces=True)
+    depth, alpha = rasterize_depth(verts, faces, cams, cull_backfaces=True, workers=2, backend=backend)
+    assert torch.equal(depth, want.depth) and torch.equal(alpha, want.alpha)
+    assert 0.1 < float(alpha.mean()) < 0.9
 
 
 def test_fronto_parallel_quad_covers_known_pixels_at_known_depth():

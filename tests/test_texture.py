@@ -362,7 +362,9 @@ def test_compacted_accumulation_equals_the_masked_one_to_the_bit(seed, size, vie
     sums = []
     for compact, workers in ((False, 1), (True, 1), (True, 2), (True, 3)):
         num, den = torch.zeros(len(samples), 3), torch.zeros(len(samples))
-        _accumulate(samples, cams, rgba, depth, config, num, den, compact=compact, workers=workers)
+        _accumulate(
+            samples, cams, rgba, depth, config, num, den, compact=compact, workers=workers, backend="torch"
+        )
         sums.append((num, den))
     num_m, den_m = sums[0]
     for num, den in sums[1:]:

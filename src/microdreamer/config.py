@@ -333,6 +333,7 @@ class BakeViewsConfig(Config):
 
 
 RENDER_BACKENDS = ("auto", "torch", "gsplat")
+PROJECT_BACKENDS = ("auto", "torch", "cpp")
 
 
 @dataclass
@@ -352,6 +353,9 @@ class BakeConfig(Config):
             rasteriser is bound by per-call overhead there: H200, 26 views of 512^2, 50k faces: 0.05 s
             in one batch, 0.34 s in batches of 4; peak 4.1 GB) and 4 on the CPU.
         backend: Gaussian renderer backend.
+        project_backend: the back-projection onto the texels: ``"torch"`` (the reference, any device),
+            ``"cpp"`` (the C++ CPU kernel, CPU tensors only) or ``"auto"`` (the C++ kernel on the CPU when
+            it builds, else PyTorch).
     """
 
     views: BakeViewsConfig = dataclasses.field(default_factory=BakeViewsConfig)
@@ -362,6 +366,7 @@ class BakeConfig(Config):
     cull_backfaces: bool = True
     view_batch: int | None = None
     backend: str = "auto"
+    project_backend: str = "auto"
 
     def validate(self) -> None:
         self.require("cos_threshold", -1.0 <= self.cos_threshold < 1.0, "must be in [-1, 1)")
@@ -371,6 +376,7 @@ class BakeConfig(Config):
             "view_batch", self.view_batch is None or self.view_batch >= 1, "must be at least 1, or none"
         )
         self.choose("backend", RENDER_BACKENDS)
+        self.choose("project_backend", PROJECT_BACKENDS)
 
 
 REFINE_PARAMETRIZATIONS = ("texel", "logit")

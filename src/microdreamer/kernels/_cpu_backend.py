@@ -26,7 +26,14 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().with_name("csrc")
-SOURCES = ("cpu/carve.cpp", "cpu/field.cpp", "cpu/skyline.cpp", "cpu/skyline_c.cpp")
+SOURCES = (
+    "cpu/bake.cpp",
+    "cpu/carve.cpp",
+    "cpu/field.cpp",
+    "cpu/mesh_raster.cpp",
+    "cpu/skyline.cpp",
+    "cpu/skyline_c.cpp",
+)
 HEADERS = ("cpu/skyline.h",)
 CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=off"]
 LIBRARY = "libmicrodreamer_cpu.so"
@@ -35,6 +42,9 @@ _i64, _f64, _ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 #: every exported function: name -> argument types (all return int64; pointers are tensors' data_ptr())
 SIGNATURES: dict[str, list] = {
     "md_carve_alpha": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr],
+    "md_bake_accumulate": [_i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _f64, _ptr, _ptr]
+    + [_f64, _f64, _f64, _f64, _ptr, _ptr],
+    "md_raster_depth": [_i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _f64, _f64, _i64, _ptr],
     "md_field_scatter": [_i64, _ptr, _ptr, _ptr, _ptr, _ptr, _f64, _i64, _i64, _i64, _ptr],
     "md_skyline_pack": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr],
 }

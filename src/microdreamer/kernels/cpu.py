@@ -4,7 +4,8 @@ Tensors and plain numbers in, tensors out. Every wrapper checks devices, dtypes,
 before a pointer reaches C++ (the C functions trust their inputs), and splits its work into independent
 parts that run on Python threads (a ctypes call releases the GIL). The semantics, the PyTorch paths and
 the choice between them live in the stage modules that call these: :mod:`microdreamer.field` (its
-``"cpp"`` backend) and :mod:`microdreamer.texture.charts` (the packer). Importing this module compiles
+``"cpp"`` backend), :mod:`microdreamer.texture.charts` (the packer), :mod:`microdreamer.texture.bake` (its ``"cpp"``
+projection backend) and :mod:`microdreamer.render.mesh` (``rasterize_depth``'s ``"cpp"`` backend). Importing this module compiles
 nothing.
 """
 
@@ -16,7 +17,15 @@ import torch
 
 from microdreamer.kernels import _cpu_backend
 
-__all__ = ["available", "carve_alpha", "field_scatter", "skyline_pack", "usable"]
+__all__ = [
+    "available",
+    "bake_accumulate",
+    "carve_alpha",
+    "field_scatter",
+    "raster_depth",
+    "skyline_pack",
+    "usable",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +172,120 @@ def carve_alpha(
 
     _run_parts(part, list(range(parts)), workers)
     return sums
+
+
+def bake_accumulate(
+    points: torch.Tensor,
+    normals: torch.Tensor,
+    viewmats: torch.Tensor,
+    Ks: torch.Tensor,
+    height: int,
+    width: int,
+    near: float,
+    rgba: torch.Tensor,
+    depth: torch.Tensor,
+    cos_threshold: float,
+    cos_power: float,
+    min_alpha: float,
+    depth_eps: float,
+    num: torch.Tensor,
+    den: torch.Tensor,
+    workers: int = 1,
+) -> None:
+    """Add the weighted colours of c views to the sums of T texels, in place: the back-projection of
+    :func:`microdreamer.texture.bake._accumulate` (its PyTorch path is the reference; the rules are in
+    its docstrings and ``csrc/cpu/bake.cpp``).
+
+    Args:
+        points: [T, 3] float32 texel surface points; normals: [T, 3] float32 their unit normals.
+        viewmats: [c, 4, 4] float32 world -> camera; Ks: [c, 3, 3] float32 intrinsics (pixels).
+        height, width: H x W of every view; near: the cameras' near distance.
+        rgba: [c H W, 4] float32 premultiplied colour and alpha of the renders.
+        depth: [c H W] float32 camera-space z of the mesh raster, +inf where it does not cover the pixel.
+        cos_threshold, cos_power, min_alpha, depth_eps: as in :class:`~microdreamer.config.BakeConfig`.
+        num: [T, 3] float32, weight * colour added; den: [T] float32, weight added.
+        workers: threads, each owning ranges of texels (every texel sums its views in view order).
+    """
+    t, c = points.shape[0], viewmats.shape[0]
+    if height < 1 or width < 1:
+        raise ValueError(f"the views must have at least one pixel, got {height} x {width}")
+    _check(points, "points", torch.float32, (t, 3))
+    _check(normals, "normals", torch.float32, (t, 3))
+    _check(viewmats, "viewmats", torch.float32, (c, 4, 4))
+    _check(Ks, "Ks", torch.float32, (c, 3, 3))
+    _check(rgba, "rgba", torch.float32, (c * height * width, 4))
+    _check(depth, "depth", torch.float32, (c * height * width,))
+    _check(num, "num", torch.float32, (t, 3))
+    _check(den, "den", torch.float32, (t,))
+    if t == 0 or c == 0:
+        return
+    fn = _cpu_backend.load().md_bake_accumulate
+    parts = max(1, min(t, 4 * workers))
+    bounds = [t * s // parts for s in range(parts + 1)]
+    args = (
+        points.data_ptr(),
+        normals.data_ptr(),
+        c,
+        viewmats.data_ptr(),
+        Ks.data_ptr(),
+        int(height),
+        int(width),
+    )
+    args += (float(near), rgba.data_ptr(), depth.data_ptr())
+    args += (float(cos_threshold), float(cos_power), float(min_alpha), float(depth_eps))
+
+    def part(s: int) -> None:
+        fn(bounds[s], bounds[s + 1], *args, num.data_ptr(), den.data_ptr())
+
+    _run_parts(part, list(range(parts)), workers)
+
+
+def raster_depth(
+    pix: torch.Tensor,
+    cam: torch.Tensor,
+    faces: torch.Tensor,
+    height: int,
+    width: int,
+    near: float,
+    far: float,
+    cull_backfaces: bool,
+    zbuf: torch.Tensor,
+    workers: int = 1,
+) -> torch.Tensor:
+    """The depth test of :func:`microdreamer.render.mesh.rasterize_depth` (its PyTorch path is the
+    reference; the rules are in ``render/mesh.py``'s docstring and ``csrc/cpu/mesh_raster.cpp``).
+
+    Args:
+        pix: [C, V, 2] float32 projected vertices (pixel coordinates); cam: [C, V, 3] float32 camera-space
+            vertices (both as ``render.mesh._project`` gives them).
+        faces: [F, 3] int64 vertex indices in [0, V).
+        height, width: H x W; near, far: the cameras' depth range.
+        cull_backfaces: skip faces seen from behind.
+        zbuf: [C, H, W] float32, lowered in place to the nearest covering face's depth (+inf: none yet).
+        workers: threads, each owning whole cameras.
+
+    Returns:
+        ``zbuf``.
+    """
+    c, v, f = pix.shape[0], pix.shape[1], faces.shape[0]
+    _check(pix, "pix", torch.float32, (c, v, 2))
+    _check(cam, "cam", torch.float32, (c, v, 3))
+    _check(faces, "faces", torch.int64, (f, 3))
+    _check(zbuf, "zbuf", torch.float32, (c, height, width))
+    if c == 0 or f == 0 or height == 0 or width == 0:
+        return zbuf
+    if v == 0 or int(faces.min()) < 0 or int(faces.max()) >= v:
+        raise ValueError(f"faces must index the {v} vertices")
+    fn = _cpu_backend.load().md_raster_depth
+    bounds = [c * s // max(1, min(c, workers)) for s in range(max(1, min(c, workers)) + 1)]
+    args = (pix.data_ptr(), cam.data_ptr(), v, faces.data_ptr(), f, int(height), int(width))
+    args += (float(near), float(far), int(bool(cull_backfaces)), zbuf.data_ptr())
+
+    def part(s: int) -> None:
+        fn(bounds[s], bounds[s + 1], *args)
+
+    _run_parts(part, list(range(len(bounds) - 1)), workers)
+    return zbuf
 
 
 def skyline_pack(

@@ -256,15 +256,28 @@ def rasterize_depth(
     cull_backfaces: bool = False,
     max_candidates: int = 1 << 22,
     workers: int | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rasterize`'s depth and alpha alone, without its last pass (the barycentrics of the
     visible faces): (depth [C, H, W, 1] float32, 0 where empty; alpha [C, H, W, 1] float32). The depth
     is the depth test's buffer, which holds the visible face's depth computed as the last pass computes
-    it: the same values as :func:`rasterize` (tested). No gradients. Arguments as :func:`rasterize`."""
+    it: the same values as :func:`rasterize` (tested). No gradients. Arguments as :func:`rasterize`, and
+    ``backend``: ``"torch"`` (this module's rasteriser, any device), ``"cpp"`` (the C++ CPU kernel
+    :func:`microdreamer.kernels.cpu.raster_depth`, the same rules and float32 operations one face and
+    pixel at a time; CPU tensors only) or ``"auto"`` (``"cpp"`` on the CPU when the kernels build)."""
+    if backend not in ("auto", "torch", "cpp"):
+        raise ValueError(f"rasterize_depth backend {backend!r} is unknown; use auto, torch or cpp")
     faces = faces.long()
     _check_inputs(vertices, faces, cameras)
+    on_cpu = vertices.device.type == "cpu"
+    if backend == "auto":
+        from microdreamer.kernels import cpu
+
+        backend = "cpp" if on_cpu and cpu.usable() else "torch"
+    if backend == "cpp":
+        return _rasterize_depth_cpp(vertices, faces, cameras, cull_backfaces, workers)
     parts = _camera_groups(
-        lambda cams: rasterize_depth(vertices, faces, cams, cull_backfaces, max_candidates, workers=1),
+        lambda cams: rasterize_depth(vertices, faces, cams, cull_backfaces, max_candidates, 1, "torch"),
         vertices,
         cameras,
         workers,
@@ -274,6 +287,30 @@ def rasterize_depth(
     C, H, W = len(cameras), cameras.height, cameras.width
     zbuf, fbuf, big = _depth_test(vertices, faces, cameras, cull_backfaces, max_candidates)
     hit = fbuf < big
+    depth = torch.where(hit, zbuf, torch.zeros_like(zbuf))
+    return depth.view(C, H, W, 1), hit.float().view(C, H, W, 1)
+
+
+def _rasterize_depth_cpp(
+    vertices: torch.Tensor, faces: torch.Tensor, cameras: Cameras, cull_backfaces: bool, workers: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rasterize_depth` through the C++ CPU kernel: the projection is this module's."""
+    from microdreamer.kernels import cpu
+
+    if vertices.device.type != "cpu":
+        raise ValueError(
+            f"the cpp rasterize_depth backend runs on CPU tensors; these are on {vertices.device}"
+        )
+    C, H, W = len(cameras), cameras.height, cameras.width
+    zbuf = torch.full((C, H, W), math.inf, dtype=torch.float32)
+    with torch.no_grad():
+        pix, _, cam = _project(vertices.detach().float(), cameras)
+    workers = cpu_workers(vertices.device, C) if workers is None else workers
+    cpu.raster_depth(
+        pix.contiguous(), cam.contiguous(), faces.contiguous(), H, W, cameras.near, cameras.far,
+        cull_backfaces, zbuf, workers,
+    )  # fmt: skip
+    hit = zbuf < math.inf
     depth = torch.where(hit, zbuf, torch.zeros_like(zbuf))
     return depth.view(C, H, W, 1), hit.float().view(C, H, W, 1)
 

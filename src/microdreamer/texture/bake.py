@@ -16,6 +16,11 @@ The bake is texel-centric. Every covered texel has a surface point and a face no
    and blended over views with weight ``alpha * cosine ** cos_power`` (a high power favours the most
    frontal view; 0 is a plain average; 2, the default, scored as well as or better than 4 on held-out views).
 
+Steps 2 and 3 have two implementations (``BakeConfig.project_backend``): the PyTorch one over [c, T]
+tensors (:func:`_accumulate_texels`, the reference, on any device) and the C++ CPU kernel
+(:func:`microdreamer.kernels.cpu.bake_accumulate`), one (view, texel) pair at a time with the same
+tests and float32 arithmetic; ``"auto"`` takes the kernel on the CPU when it builds.
+
 Texels no view saw, and the gutters between charts, are then filled
 (:func:`~microdreamer.texture.atlas.fill_texture`). The default view set is the issue's: 8 azimuths
 at elevations 0 and +-45 degrees, plus straight above and below, 512 x 512 pixels, framed so that the
@@ -32,7 +37,7 @@ from collections.abc import Callable
 import torch
 
 from microdreamer.cameras import Cameras, orbit_cameras
-from microdreamer.config import BakeConfig, BakeViewsConfig
+from microdreamer.config import PROJECT_BACKENDS, BakeConfig, BakeViewsConfig
 from microdreamer.cpu_pool import cpu_workers, map_single_threaded
 from microdreamer.texture.atlas import TexelSamples
 
@@ -164,7 +169,7 @@ def bake_views(
         start = time.perf_counter()
         rgba = torch.cat([rgb, alpha], dim=-1).reshape(-1, 4)
         depth = torch.where(covered > 0, mesh_depth, torch.full_like(mesh_depth, math.inf))
-        _accumulate(samples, cams, rgba, depth.reshape(-1), config, num, den)
+        _accumulate(samples, cams, rgba, depth.reshape(-1), config, num, den, backend=config.project_backend)
         _sync(device)
         seconds["project"] += time.perf_counter() - start
         if bar is not None:
@@ -191,11 +196,17 @@ def _accumulate(
     den: torch.Tensor,
     compact: bool | None = None,
     workers: int | None = None,
+    backend: str = "auto",
 ) -> None:
     """Add the weighted colours of c views to num [T, 3] and den [T] (in place).
 
     rgba: [c H W, 4] premultiplied colour and alpha of the renders; depth: [c H W] camera-space z of
     the mesh raster, +inf where the mesh does not cover the pixel.
+
+    backend: ``"torch"`` (:func:`_accumulate_texels`, the reference), ``"cpp"``
+    (:func:`microdreamer.kernels.cpu.bake_accumulate`: the same tests and float32 arithmetic per
+    (view, texel) pair, CPU tensors only; ``compact`` does not apply) or ``"auto"`` (``"cpp"`` on
+    the CPU when the kernels build, else ``"torch"``).
 
     compact: after the cheap tests (facing, in front, inside the image), evaluate the rest only for
     the (view, texel) pairs that passed and scatter their weights and colours back: the same
@@ -206,11 +217,29 @@ def _accumulate(
     (:mod:`microdreamer.cpu_pool`; every texel's sum over the views is its own); None =
     :func:`~microdreamer.cpu_pool.cpu_workers`.
     """
+    if backend not in PROJECT_BACKENDS:
+        raise ValueError(f"project backend {backend!r} is unknown; use one of {', '.join(PROJECT_BACKENDS)}")
+    on_cpu = rgba.device.type == "cpu"
+    if backend == "auto":
+        from microdreamer.kernels import cpu
+
+        backend = "cpp" if on_cpu and cpu.usable() else "torch"
     if compact is None:
-        compact = rgba.device.type == "cpu"
+        compact = on_cpu
     T = len(samples)
     if workers is None:
         workers = cpu_workers(rgba.device, T)
+    if backend == "cpp":
+        from microdreamer.kernels import cpu
+
+        if not on_cpu:
+            raise ValueError(f"the cpp project backend runs on CPU tensors; these are on {rgba.device}")
+        cpu.bake_accumulate(
+            samples.points.contiguous(), samples.normals.contiguous(), cams.viewmats.contiguous(),
+            cams.Ks.contiguous(), cams.height, cams.width, cams.near, rgba.contiguous(), depth.contiguous(),
+            config.cos_threshold, config.cos_power, config.min_alpha, config.depth_eps, num, den, workers,
+        )  # fmt: skip
+        return
     bounds = [T * i // max(1, workers) for i in range(max(1, workers) + 1)]
 
     def part(i: int) -> None:
