@@ -332,7 +332,7 @@ class BakeViewsConfig(Config):
         return self.azimuths * len(self.elevations) + (2 if self.poles else 0)
 
 
-RENDER_BACKENDS = ("auto", "torch", "gsplat")
+RENDER_BACKENDS = ("auto", "torch", "gsplat", "cpp")
 
 
 @dataclass

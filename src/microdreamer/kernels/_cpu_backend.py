@@ -27,7 +27,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().with_name("csrc")
-SOURCES = ("cpu/field.cpp", "cpu/skyline.cpp", "cpu/skyline_c.cpp")
+SOURCES = ("cpu/field.cpp", "cpu/raster.cpp", "cpu/skyline.cpp", "cpu/skyline_c.cpp")
 HEADERS = ("cpu/skyline.h",)
 CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno"]
 LIBRARY = "libmicrodreamer_cpu.so"
@@ -36,6 +36,23 @@ _i64, _f64, _ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 #: every exported function: name -> argument types (all return int64; pointers are tensors' data_ptr())
 SIGNATURES: dict[str, list] = {
     "md_field_scatter": [_i64, _ptr, _ptr, _ptr, _ptr, _ptr, _f64, _i64, _i64, _i64, _ptr],
+    "md_raster_forward": [
+        _i64,
+        _i64,
+        _i64,
+        _i64,
+        _i64,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _i64,
+        _i64,
+        _ptr,
+        _ptr,
+    ],  # fmt: skip
     "md_skyline_pack": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr],
 }
 
