@@ -118,7 +118,7 @@ def rasterize(
     feats: torch.Tensor,
     width: int,
     height: int,
-    tile_size: int = 16,
+    tile_size: int = 8,
     workers: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Alpha-composite projected Gaussians into C images, forward only: the rules of

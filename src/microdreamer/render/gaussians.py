@@ -35,7 +35,10 @@ from microdreamer.splat import SH_C0, Splat
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "torch", "gsplat", "cpp")
-CPP_TILE_SIZE = 16  # the cpp backend's default tile edge (see benchmarks/bench_render_cpu.py)
+# the cpp backend's default tile edge: the torch backend's, so that the exponents' float32 coefficients
+# (relative to the tile centres) are the reference's own; 16 was no faster on the bake views and flips
+# a few more near-threshold decisions (benchmarks/bench_render_cpu.py)
+CPP_TILE_SIZE = _torch_raster.TILE_SIZE
 
 # Real spherical-harmonics constants (degrees 0..3), the 3DGS / gsplat basis and sign convention.
 SH_C1 = 0.4886025119029199
