@@ -25,7 +25,9 @@ from microdreamer.render.gaussians import resolve_backend
 from microdreamer.splat import Splat
 from microdreamer.synthetic import near_far_cameras, random_sh_splat
 
-pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C++ compiler: the cpp backend cannot be built")
+pytestmark = pytest.mark.skipif(
+    not cpu.available(), reason="no C++ compiler: the cpp backend cannot be built"
+)
 
 ATOL = 1e-5  # rgb and alpha (see the module docstring)
 DEPTH_RTOL = 1e-5  # depth, relative to the largest depth in the images
