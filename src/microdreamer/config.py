@@ -351,7 +351,8 @@ class BakeConfig(Config):
         view_batch: views rendered and rasterised at once; None = all views at once on a GPU (the
             rasteriser is bound by per-call overhead there: H200, 26 views of 512^2, 50k faces: 0.05 s
             in one batch, 0.34 s in batches of 4; peak 4.1 GB) and 4 on the CPU.
-        backend: Gaussian renderer backend.
+        backend: Gaussian renderer backend (``RENDER_BACKENDS``); ``"auto"``: gsplat on CUDA, the C++
+            ``"cpp"`` rasteriser on the CPU (the bake needs no gradients), ``"torch"`` without a compiler.
     """
 
     views: BakeViewsConfig = dataclasses.field(default_factory=BakeViewsConfig)
@@ -525,7 +526,7 @@ class TrainConfig(Config):
         background: RGB background the renders and RGBA targets are composited over.
         random_background: draw a random background colour per view and step instead (makes alpha
             observable from colour alone).
-        backend: render backend.
+        backend: render backend: ``"auto"``, ``"torch"`` or ``"gsplat"`` (``"cpp"`` is forward only).
         seed: seeds initialisation, splitting and random backgrounds.
     """
 
@@ -571,6 +572,8 @@ class TrainConfig(Config):
         self.require("max_gaussians", self.max_gaussians is None or self.max_gaussians >= 1,
                      "must be at least 1, or none")  # fmt: skip
         self.choose("backend", RENDER_BACKENDS)
+        self.require("backend", self.backend != "cpp",
+                     "'cpp' renders forward only and training needs gradients: use auto, torch or gsplat")  # fmt: skip
 
 
 def _reconstruction_train_config() -> TrainConfig:
