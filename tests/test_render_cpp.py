@@ -178,3 +178,20 @@ def test_rasterize_checks_its_inputs():
         cpu.rasterize(**{**args, "order": torch.full((c, n), n)})
     with pytest.raises(ValueError, match="tile_size"):
         cpu.rasterize(**args, tile_size=33)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_rasterize_parts_on_threads_match_one_thread(workers):
+    # cameras and bands of tile rows on threads: every tile's list and sums are the same, bit for bit
+    from microdreamer.render import _torch_raster as tr
+
+    splat = random_sh_splat(800, seed=6, sh_degree=0, log_scale=-2.0)
+    cams = near_far_cameras(70, 53, n=2)
+    with torch.no_grad():
+        op = splat.opacities()
+        proj = tr.project(splat.means, splat.covariances(), op, cams.viewmats, cams.Ks, 70, 53)
+        order = torch.sort(proj.depths, dim=1, stable=True).indices
+        args = (proj.means2d, proj.conics, proj.radii, torch.log(op), order, splat.colors(), 70, 53)
+        one = cpu.rasterize(*args, workers=1)
+        many = cpu.rasterize(*args, workers=workers)
+    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])

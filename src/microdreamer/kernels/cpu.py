@@ -161,7 +161,8 @@ def rasterize(
         raise ValueError(f"order must hold indices in 0..{n - 1}, got {int(order.min())}..{int(order.max())}")
     fn = _cpu_backend.load().md_raster_forward
     rows = -(-height // tile_size)
-    bands = max(1, min(rows, -(-4 * workers // c)))  # at least ~4 parts per thread for balance
+    # about 4 parts per thread or more, for balance (each band bins all N Gaussians again: one band alone)
+    bands = 1 if workers <= 1 else max(1, min(rows, -(-4 * workers // c)))
     bounds = [rows * b // bands for b in range(bands + 1)]
     parts = [(cam, b) for cam in range(c) for b in range(bands)]
 
