@@ -332,7 +332,7 @@ class BakeViewsConfig(Config):
         return self.azimuths * len(self.elevations) + (2 if self.poles else 0)
 
 
-RENDER_BACKENDS = ("auto", "torch", "gsplat")
+RENDER_BACKENDS = ("auto", "torch", "gsplat", "cpp")
 PROJECT_BACKENDS = ("auto", "torch", "cpp")
 
 
@@ -352,7 +352,8 @@ class BakeConfig(Config):
         view_batch: views rendered and rasterised at once; None = all views at once on a GPU (the
             rasteriser is bound by per-call overhead there: H200, 26 views of 512^2, 50k faces: 0.05 s
             in one batch, 0.34 s in batches of 4; peak 4.1 GB) and 4 on the CPU.
-        backend: Gaussian renderer backend.
+        backend: Gaussian renderer backend (``RENDER_BACKENDS``); ``"auto"``: gsplat on CUDA, the C++
+            ``"cpp"`` rasteriser on the CPU (the bake needs no gradients), ``"torch"`` without a compiler.
         project_backend: the back-projection onto the texels: ``"torch"`` (the reference, any device),
             ``"cpp"`` (the C++ CPU kernel, CPU tensors only) or ``"auto"`` (the C++ kernel on the CPU when
             it builds, else PyTorch).
@@ -531,7 +532,7 @@ class TrainConfig(Config):
         background: RGB background the renders and RGBA targets are composited over.
         random_background: draw a random background colour per view and step instead (makes alpha
             observable from colour alone).
-        backend: render backend.
+        backend: render backend: ``"auto"``, ``"torch"`` or ``"gsplat"`` (``"cpp"`` is forward only).
         seed: seeds initialisation, splitting and random backgrounds.
     """
 
@@ -577,6 +578,8 @@ class TrainConfig(Config):
         self.require("max_gaussians", self.max_gaussians is None or self.max_gaussians >= 1,
                      "must be at least 1, or none")  # fmt: skip
         self.choose("backend", RENDER_BACKENDS)
+        self.require("backend", self.backend != "cpp",
+                     "'cpp' renders forward only and training needs gradients: use auto, torch or gsplat")  # fmt: skip
 
 
 def _reconstruction_train_config() -> TrainConfig:

@@ -31,6 +31,7 @@ SOURCES = (
     "cpu/carve.cpp",
     "cpu/field.cpp",
     "cpu/mesh_raster.cpp",
+    "cpu/raster.cpp",
     "cpu/skyline.cpp",
     "cpu/skyline_c.cpp",
 )
@@ -46,6 +47,23 @@ SIGNATURES: dict[str, list] = {
     + [_f64, _f64, _f64, _f64, _ptr, _ptr],
     "md_raster_depth": [_i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _f64, _f64, _i64, _ptr],
     "md_field_scatter": [_i64, _ptr, _ptr, _ptr, _ptr, _ptr, _f64, _i64, _i64, _i64, _ptr],
+    "md_raster_forward": [
+        _i64,
+        _i64,
+        _i64,
+        _i64,
+        _i64,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _i64,
+        _i64,
+        _ptr,
+        _ptr,
+    ],  # fmt: skip
     "md_skyline_pack": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr],
 }
 

@@ -4,9 +4,10 @@ Tensors and plain numbers in, tensors out. Every wrapper checks devices, dtypes,
 before a pointer reaches C++ (the C functions trust their inputs), and splits its work into independent
 parts that run on Python threads (a ctypes call releases the GIL). The semantics, the PyTorch paths and
 the choice between them live in the stage modules that call these: :mod:`microdreamer.field` (its
-``"cpp"`` backend), :mod:`microdreamer.texture.charts` (the packer), :mod:`microdreamer.texture.bake` (its ``"cpp"``
-projection backend) and :mod:`microdreamer.render.mesh` (``rasterize_depth``'s ``"cpp"`` backend). Importing this module compiles
-nothing.
+``"cpp"`` backend), :mod:`microdreamer.field.carve` (its ``"cpp"`` backend), :mod:`microdreamer.render.gaussians`
+(its ``"cpp"`` backend), :mod:`microdreamer.render.mesh` (``rasterize_depth``'s ``"cpp"`` backend),
+:mod:`microdreamer.texture.bake` (its ``"cpp"`` projection backend) and :mod:`microdreamer.texture.charts` (the
+packer). Importing this module compiles nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "carve_alpha",
     "field_scatter",
     "raster_depth",
+    "rasterize",
     "skyline_pack",
     "usable",
 ]
@@ -62,9 +64,17 @@ def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...
 
 
 def _run_parts(fn, parts: list, workers: int) -> None:
-    from microdreamer.cpu_pool import map_single_threaded
+    """``fn(part)`` for every part, on ``workers`` Python threads (in this thread when 1). The C calls
+    release the GIL and use no PyTorch threads, so the threads run in parallel."""
+    workers = max(1, min(workers, len(parts)))
+    if workers == 1:
+        for p in parts:
+            fn(p)
+        return
+    from concurrent.futures import ThreadPoolExecutor
 
-    map_single_threaded(fn, parts, max(1, min(workers, len(parts))))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(fn, parts))
 
 
 def field_scatter(
@@ -286,6 +296,84 @@ def raster_depth(
 
     _run_parts(part, list(range(len(bounds) - 1)), workers)
     return zbuf
+
+
+#: the largest tile edge the rasteriser takes (its per-tile buffers are on the stack)
+MAX_TILE_SIZE = 32
+
+
+def rasterize(
+    means2d: torch.Tensor,
+    conics: torch.Tensor,
+    radii: torch.Tensor,
+    log_opacities: torch.Tensor,
+    order: torch.Tensor,
+    feats: torch.Tensor,
+    width: int,
+    height: int,
+    tile_size: int = 8,
+    workers: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Alpha-composite projected Gaussians into C images, forward only: the rules of
+    :func:`microdreamer.render._torch_raster.rasterize` (its reference), without gradients.
+
+    Args:
+        means2d: [C, N, 2] float32 pixel centres; conics: [C, N, 3] float32 inverse 2D covariances
+            (xx, xy, yy); radii: [C, N, 2] int32 box half-widths, 0 where culled (all three as
+            :func:`~microdreamer.render._torch_raster.project` gives them).
+        log_opacities: [N] float32 ``ln(opacity)``.
+        order: [C, N] int64 each camera's Gaussians by depth, front to back, ties by index (a stable
+            sort of the depths).
+        feats: [C, N, K] float32 per-camera features to composite, or [N, K] shared by every camera.
+        width, height: image size W x H.
+        tile_size: tile edge in pixels, 1..32 (the image does not depend on it beyond float rounding).
+        workers: threads; each renders whole (camera, band of tile rows) parts.
+
+    Returns:
+        (accumulated features [C, H, W, K] float32 = sum_i w_i f_i with no background,
+        accumulated alpha [C, H, W, 1] float32 = sum_i w_i).
+    """
+    c, n = order.shape
+    k = feats.shape[-1]
+    _check(means2d, "means2d", torch.float32, (c, n, 2))
+    _check(conics, "conics", torch.float32, (c, n, 3))
+    _check(radii, "radii", torch.int32, (c, n, 2))
+    _check(log_opacities, "log_opacities", torch.float32, (n,))
+    _check(order, "order", torch.int64, (c, n))
+    shared = feats.dim() == 2
+    _check(feats, "feats", torch.float32, (n, k) if shared else (c, n, k))
+    if not 1 <= tile_size <= MAX_TILE_SIZE:
+        raise ValueError(f"tile_size must be in 1..{MAX_TILE_SIZE}, got {tile_size}")
+    if width < 0 or height < 0:
+        raise ValueError(f"image size must not be negative, got {width} x {height}")
+    out = torch.zeros(c, height, width, k, dtype=torch.float32)
+    alpha = torch.zeros(c, height, width, 1, dtype=torch.float32)
+    if c == 0 or n == 0 or width == 0 or height == 0:
+        return out, alpha
+    if int(order.min()) < 0 or int(order.max()) >= n:
+        raise ValueError(f"order must hold indices in 0..{n - 1}, got {int(order.min())}..{int(order.max())}")
+    fn = _cpu_backend.load().md_raster_forward
+    rows = -(-height // tile_size)
+    # about 4 parts per thread or more, for balance (each band bins all N Gaussians again: one band alone)
+    bands = 1 if workers <= 1 else max(1, min(rows, -(-4 * workers // c)))
+    bounds = [rows * b // bands for b in range(bands + 1)]
+    parts = [(cam, b) for cam in range(c) for b in range(bands)]
+
+    def at(t: torch.Tensor, cam: int) -> int:  # address of camera cam's slice of t
+        return t.data_ptr() + cam * t.stride(0) * t.element_size()
+
+    def part(item: tuple[int, int]) -> None:
+        cam, b = item
+        f = feats.data_ptr() if shared else at(feats, cam)
+        status = fn(
+            n, k, int(width), int(height), int(tile_size), at(means2d, cam), at(conics, cam), at(radii, cam),
+            log_opacities.data_ptr(), at(order, cam), f, bounds[b], bounds[b + 1], at(out, cam), at(alpha, cam),
+        )  # fmt: skip
+        if status < 0:
+            raise RuntimeError(f"md_raster_forward failed ({status}) on camera {cam}")
+
+    _run_parts(part, parts, workers)
+    return out, alpha
 
 
 def skyline_pack(

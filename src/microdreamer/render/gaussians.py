@@ -1,13 +1,18 @@
-"""Differentiable Gaussian splat rendering: one interface, two backends.
+"""Gaussian splat rendering: one interface, three backends.
 
 ``render(splat, cameras)`` returns RGB, alpha and depth images, differentiable with respect to every
-splat parameter. Backends:
+splat parameter (except on the forward-only ``"cpp"`` backend). Backends:
 
 * ``"gsplat"``: gsplat's CUDA rasteriser (PyPI ``gsplat``, Apache-2.0; compiles its CUDA sources on
   first use, then caches them). CUDA tensors only; imported lazily.
 * ``"torch"``: the pure-PyTorch rasteriser in :mod:`microdreamer.render._torch_raster` (CPU or CUDA),
   the same rules as gsplat's default kernel; it is the CPU path and the reference in tests.
-* ``"auto"``: gsplat when the splat is on CUDA and gsplat imports, else torch.
+* ``"cpp"``: the C++ CPU rasteriser (:func:`microdreamer.kernels.cpu.rasterize`, built with the system's
+  compiler on first use): the same rules as ``"torch"`` (projection and colours are the torch ones; the
+  tile binning and compositing run in C++), forward only: CPU tensors, and no splat parameter that
+  requires a gradient while grad mode is on.
+* ``"auto"``: gsplat when the splat is on CUDA and gsplat imports; on the CPU cpp when no gradient is
+  needed and the C++ kernels load; else torch.
 
 Colour comes from the splat's spherical harmonics (degree 0..3) evaluated along the ray from each
 camera centre to each Gaussian, plus 0.5, clamped below at 0 (gsplat's and 3DGS's convention).
@@ -29,7 +34,11 @@ from microdreamer.splat import SH_C0, Splat
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "gsplat")
+BACKENDS = ("auto", "torch", "gsplat", "cpp")
+# the cpp backend's default tile edge: the torch backend's, so that the exponents' float32 coefficients
+# (relative to the tile centres) are the reference's own; 16 was no faster on the bake views and flips
+# a few more near-threshold decisions (benchmarks/bench_render_cpu.py)
+CPP_TILE_SIZE = _torch_raster.TILE_SIZE
 
 # Real spherical-harmonics constants (degrees 0..3), the 3DGS / gsplat basis and sign convention.
 SH_C1 = 0.4886025119029199
@@ -80,12 +89,30 @@ def gsplat_available() -> bool:
     return importlib.util.find_spec("gsplat") is not None
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Turn ``"auto"`` into a concrete backend for tensors on ``device``; check explicit choices."""
+def resolve_backend(backend: str, device: torch.device, needs_grad: bool = True) -> str:
+    """Turn ``"auto"`` into a concrete backend for tensors on ``device``; check explicit choices.
+
+    ``needs_grad``: the renders must be differentiable (the default: what a trainer resolves); when
+    False, ``"auto"`` on the CPU may pick the forward-only ``"cpp"``."""
     if backend not in BACKENDS:
         raise ValueError(f"render backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        return "gsplat" if device.type == "cuda" and gsplat_available() else "torch"
+        if device.type == "cuda" and gsplat_available():
+            return "gsplat"
+        if device.type == "cpu" and not needs_grad:
+            from microdreamer.kernels import cpu
+
+            if cpu.usable():
+                return "cpp"
+        return "torch"
+    if backend == "cpp":
+        if device.type != "cpu":
+            raise ValueError(f"render backend 'cpp' needs CPU tensors, got {device}; use 'auto' or 'gsplat'")
+        if needs_grad:
+            raise ValueError(
+                "render backend 'cpp' is forward only: a splat parameter requires grad with grad mode on; "
+                "render under torch.no_grad() or use backend='torch'"
+            )
     if backend == "gsplat":
         if device.type != "cuda":
             raise ValueError("render backend 'gsplat' needs CUDA tensors; use backend='torch' on the CPU")
@@ -173,11 +200,12 @@ def render(
         splat: N Gaussians (float32; float64 also on the torch backend), on the device to render on.
         cameras: C cameras of one image size W x H (moved to the splat's device).
         background: RGB in [0, 1], three values or [C, 3].
-        backend: "auto", "torch" or "gsplat" (see the module docstring).
+        backend: "auto", "torch", "gsplat" or "cpp" (see the module docstring).
         sh_degree: SH bands to use, at most the splat's degree; None = all of them.
         retain_means2d_grad: keep the gradient of ``RenderOutput.means2d`` (view-space gradient).
-        tile_size: tile edge in pixels; None = the backend's default (gsplat 16, torch 8). The
-            image does not depend on it (every Gaussian's bounding box is exact).
+        tile_size: tile edge in pixels; None = the backend's default (gsplat 16, torch 8, cpp
+            ``CPP_TILE_SIZE``). The image does not depend on it (every Gaussian's bounding box is
+            exact).
         depth: also render the depth; False skips it (a cheaper render, ``depth`` is None) and
             changes nothing else.
 
@@ -185,7 +213,8 @@ def render(
         A :class:`RenderOutput` with rgb [C, H, W, 3], alpha [C, H, W, 1], depth [C, H, W, 1] or None.
     """
     device = splat.device
-    backend = resolve_backend(backend, device)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in splat.tensors().values())
+    backend = resolve_backend(backend, device, needs_grad)
     degree = splat.sh_degree if sh_degree is None else int(sh_degree)
     if not 0 <= degree <= splat.sh_degree:
         raise ValueError(f"sh_degree {degree} is out of range 0..{splat.sh_degree} for this splat")
@@ -206,6 +235,8 @@ def render(
         from microdreamer.render._gsplat import render_gsplat
 
         out = render_gsplat(splat, cams, bg, degree, tile_size or 16, depth)
+    elif backend == "cpp":
+        out = _render_cpp(splat, cams, bg, degree, tile_size or CPP_TILE_SIZE, depth)
     else:
         out = _render_torch(splat, cams, bg, degree, tile_size or _torch_raster.TILE_SIZE, depth)
     if retain_means2d_grad and out.means2d.requires_grad:
@@ -235,4 +266,51 @@ def _render_torch(
     acc, alpha = _torch_raster.rasterize(proj, opacities, feats, cams.width, cams.height, tile_size=tile_size)
     rgb = acc[..., :3] + (1.0 - alpha) * bg[:, None, None, :]
     z = acc[..., 3:4] / alpha.clamp_min(1e-10) if depth else None
+    return RenderOutput(rgb=rgb, alpha=alpha, depth=z, means2d=proj.means2d, radii=proj.radii)
+
+
+def _render_cpp(
+    splat: Splat, cams: Cameras, bg: torch.Tensor, degree: int, tile_size: int, depth: bool
+) -> RenderOutput:
+    """The ``"cpp"`` backend: torch's projection and colours, then the C++ binning and compositing."""
+    from microdreamer.cpu_pool import cpu_workers
+    from microdreamer.kernels import cpu
+
+    if splat.means.dtype != torch.float32:
+        raise ValueError(f"render backend 'cpp' renders float32 splats, got {splat.means.dtype}; use 'torch'")
+    with torch.no_grad():
+        opacities = splat.opacities()
+        viewmats, Ks = cams.viewmats.to(torch.float32), cams.Ks.to(torch.float32)
+        proj = _torch_raster.project(
+            splat.means,
+            splat.covariances(),
+            opacities,
+            viewmats,
+            Ks,
+            cams.width,
+            cams.height,
+            cams.near,
+            cams.far,
+        )
+        C = len(cams)
+        colors = view_colors(splat, cams, degree)  # [C, N, 3] or [1, N, 3]
+        if depth:
+            feats = torch.cat([colors.expand(C, -1, -1), proj.depths[..., None]], dim=-1).contiguous()
+        else:
+            feats = colors[0].contiguous() if colors.shape[0] == 1 else colors.contiguous()
+        order = torch.sort(proj.depths, dim=1, stable=True).indices  # front to back, ties by index
+        acc, alpha = cpu.rasterize(
+            proj.means2d.contiguous(),
+            proj.conics.contiguous(),
+            proj.radii.contiguous(),
+            torch.log(opacities).contiguous(),
+            order,
+            feats,
+            cams.width,
+            cams.height,
+            tile_size=tile_size,
+            workers=cpu_workers(splat.device, C * 4),
+        )
+        rgb = acc[..., :3] + (1.0 - alpha) * bg[:, None, None, :]
+        z = acc[..., 3:4] / alpha.clamp_min(1e-10) if depth else None
     return RenderOutput(rgb=rgb, alpha=alpha, depth=z, means2d=proj.means2d, radii=proj.radii)
