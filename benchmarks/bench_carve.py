@@ -6,8 +6,8 @@
 Each case is a shared splat (``creative``, ``ghost``, ``fruit``, ``guitar``) or ``synthNk`` (bench_export's
 seeded ``make_synthetic_object``), prepared as ``microdreamer mesh`` prepares it: the auto resolution
 (``field.auto_resolution``), the exact-mode density field, the auto iso-level (whose three axis images carving
-reuses) and ``mesh.carve`` directions at ``carve_level`` times that level. Then, per backend (CPU: ``torch``
-and ``cpp``; ``--device cuda``: ``torch`` and ``cuda``), the median seconds of ``--repeat`` calls after a warm-up of:
+reuses) and ``mesh.carve`` directions at ``carve_level`` times that level. Then, per backend (CPU: ``torch``;
+``--device cuda``: ``torch`` and ``cuda``), the median seconds of ``--repeat`` calls after a warm-up of:
 
 * ``images``: ``projected_alphas`` of the D - 3 directions other than the grid axes;
 * ``sampling``: ``carve_field`` with those images already made (the hull at the voxels and the carved field);
@@ -135,7 +135,7 @@ def main() -> None:
     from microdreamer.field import carve as current
 
     device = torch.device(args.device)
-    backends = ["torch", "cuda"] if device.type == "cuda" else ["torch", "cpp"]
+    backends = ["torch", "cuda"] if device.type == "cuda" else ["torch"]
     versions = {"tree": current}
     if args.compare:
         versions = {args.compare: load_carve_at(args.compare), **versions}

@@ -9,12 +9,12 @@ runs), and the largest difference of their results:
 
 * ``field exact`` / ``field upstream``: the density field, backend ``torch`` against ``cpp`` (relative to the
   field's maximum);
-* ``carve images``: ``projected_alphas`` of the 21 carving directions other than the grid axes, backend ``torch``
-  against ``cpp`` (alpha);
 * ``unwrap``: ``unwrap_charts`` of the export's untextured mesh (decimated to 50k faces as the export does), packer
   ``numpy`` against ``compiled`` (the largest UV difference: 0 when the layouts are the same).
 
-The table is printed last; ``--out`` writes it as JSON with the command and the hardware.
+The Gaussian rasteriser has its own benchmark (``bench_render_cpu.py``); every kernel's share of the whole job is in
+``bench_cli_ab.py``'s per-stage table. The table is printed last; ``--out`` writes it as JSON with the command and
+the hardware.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ def compare(name: str, paths: dict, diff, repeat: int) -> dict:
 
 def run_case(name: str, r: int, path: Path, repeat: int) -> list[dict]:
     from microdreamer.field import FieldConfig, compute_field, prepare_gaussians
-    from microdreamer.field.carve import carving_directions, direction_basis, plane_window, projected_alphas
     from microdreamer.splat import read_ply
     from microdreamer.texture.charts import unwrap_charts
 
@@ -72,13 +71,6 @@ def run_case(name: str, r: int, path: Path, repeat: int) -> list[dict]:
             for b in ("torch", "cpp")
         }
         rows.append(compare(f"field {mode}", paths, lambda x, y: (x - y).abs().max() / x.abs().max(), repeat))
-    raw, grid = prepare_gaussians(splat, FieldConfig(resolution=r, voxel_filter=0.0))
-    bases = [direction_basis(d) for d in carving_directions(24)][3:]
-    windows = [plane_window(b, r) for b in bases]
-    h = 2.0 / (r - 1)
-    paths = {b: (lambda b=b: projected_alphas(raw, bases, windows, h, backend=b)) for b in ("torch", "cpp")}
-    rows.append(compare("carve images", paths, lambda x, y: max(float((a - b).abs().max()) for a, b in zip(x, y, strict=True)),
-                        repeat))  # fmt: skip
     mesh, _ = cli_mesh(path, r, torch.device("cpu"))
     paths = {p: (lambda p=p: unwrap_charts(mesh, texture_size=1024, max_faces=50_000, packer=p))
              for p in ("numpy", "compiled")}  # fmt: skip

@@ -17,7 +17,6 @@ from microdreamer.field.carve import (
     projected_alpha,
     projected_alphas,
 )
-from microdreamer.kernels import cpu as cpu_kernels
 from microdreamer.splat import Splat
 from microdreamer.synthetic import make_random_splat
 
@@ -444,49 +443,3 @@ def test_projected_alphas_cuda_kernel_matches_torch(n, r, count):
         assert float((a.cpu() - b).abs().max()) < 2e-6
     again = projected_alphas(prepared.to("cuda"), bases, windows, h, backend="cuda")
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))  # fixed point: deterministic
-
-
-needs_cpp = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler for the CPU kernels")
-
-
-@needs_cpp
-@pytest.mark.parametrize(
-    "n,r,count", [(0, 9, 4), (1, 9, 4), (2, 12, 5), (57, 20, 9), (161, 33, 6), (2000, 48, 24)]
-)
-def test_projected_alphas_cpp_kernel_matches_the_terms_one_box_at_a_time(n, r, count):
-    """The C++ kernel's float32 terms are the CUDA kernel's (no fused multiply-add), summed in fixed point:
-    against the terms taken one box at a time and summed in float64, the images agree to the fixed point's
-    2^-32 per term and float32's rounding of the image; the same on any number of threads, bit for bit."""
-    prepared = _splat_for_images(n, r, seed=400 + n)
-    bases, windows = _direction_set(r, count)
-    h = 2.0 / (r - 1)
-    ref = _kernel_terms_alpha(prepared, bases, windows, h) if n <= 161 else None
-    torch_path = projected_alphas(prepared, bases, windows, h, backend="torch")
-    got = projected_alphas(prepared, bases, windows, h, backend="cpp")
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = projected_alphas(prepared, bases, windows, h, backend="cpp")
-    finally:
-        torch.set_num_threads(threads)
-    for k, (_, size) in enumerate(windows):
-        assert got[k].shape == size and got[k].dtype == torch.float32
-        if ref is not None:
-            assert float((got[k].double() - ref[k]).abs().max()) < 1e-6
-        assert float((got[k] - torch_path[k]).abs().max()) < 2e-6  # torch sums float32 terms in float32
-        assert torch.equal(got[k], one[k])
-
-
-@needs_cpp
-def test_carve_field_cpp_matches_torch_and_checks_its_device():
-    s = make_random_splat(300, seed=80, spread=0.7, log_scale_mean=-2.6, log_scale_std=0.6)
-    fld = density_field(s, FieldConfig(resolution=40))
-    raw, _ = prepare_gaussians(s, FieldConfig(resolution=40, voxel_filter=0.0))
-    level = float(fld.values.quantile(0.6))
-    a = carve_field(fld.values, raw, fld.grid, level, 24, backend="torch")
-    b = carve_field(fld.values, raw, fld.grid, level, 24, backend="cpp")
-    assert b.inside_after == a.inside_after
-    assert float((b.values - a.values).abs().max()) < 1e-4 * level
-    bases, windows = _direction_set(12, 4)
-    with pytest.raises(ValueError, match="unknown carving backend"):
-        projected_alphas(raw, bases, windows, 2.0 / 11, backend="rust")

@@ -354,40 +354,28 @@ def projected_alphas(
     ``backend``: ``"torch"`` (the pairs of every direction grouped by box size and evaluated as dense
     blocks, ``max_pairs`` at a time), ``"cuda"`` (one launch of :func:`microdreamer.kernels.carve_alpha` for
     every direction: the same float32 terms, summed in fixed point, so the result does not depend on the
-    order of the GPU's atomics), ``"cpp"`` (the same terms and fixed-point sums from the C++ CPU kernel,
-    :func:`microdreamer.kernels.cpu.carve_alpha`, directions on threads) or ``"auto"`` (cuda for Gaussians
-    on a CUDA device, else cpp where the C++ kernels build, else torch).
+    order of the GPU's atomics) or ``"auto"`` (cuda for Gaussians on a CUDA device).
     """
     device = prepared.means.device
     if backend == "auto":
-        from microdreamer.kernels import cpu
-
-        backend = (
-            "cuda" if device.type == "cuda" else "cpp" if device.type == "cpu" and cpu.usable() else "torch"
-        )
-    if backend not in ("torch", "cuda", "cpp"):
-        raise ValueError(f"unknown carving backend {backend!r}; use auto, torch, cuda or cpp")
+        backend = "cuda" if device.type == "cuda" else "torch"
+    if backend not in ("torch", "cuda"):
+        raise ValueError(f"unknown carving backend {backend!r}; use auto, torch or cuda")
     if not bases:
         return []
     if backend == "torch" or len(prepared) == 0:
         return _torch_alphas(prepared, bases, windows, h, dilation, max_pairs, torch.float32)
-    if backend == "cuda" and device.type != "cuda":
+    if device.type != "cuda":
         raise ValueError("backend='cuda' needs the Gaussians on a CUDA device")
-    if backend == "cpp" and device.type != "cpu":
-        raise ValueError("backend='cpp' needs the Gaussians on the CPU")
     from microdreamer import kernels
-    from microdreamer.kernels import cpu
 
     u_max = max(size[0] for _, size in windows)
     v_max = max(size[1] for _, size in windows)
     fp = footprints(prepared, bases, windows, h, dilation, torch.float32)
     box = torch.cat([fp.first, fp.extent], -1).to(torch.int32).contiguous()
     sums = torch.zeros(len(bases), u_max * v_max, dtype=torch.int64, device=device)
-    args = (fp.precision.contiguous(), fp.offset.contiguous(), box, fp.opacity.contiguous(), sums, v_max)
-    if backend == "cuda":
-        kernels.carve_alpha(*args)
-    else:
-        cpu.carve_alpha(*args, workers=torch.get_num_threads())
+    kernels.carve_alpha(fp.precision.contiguous(), fp.offset.contiguous(), box, fp.opacity.contiguous(), sums,
+                        v_max)  # fmt: skip
     alpha = (-torch.expm1(sums.double() / 2.0**32)).float().reshape(len(bases), u_max, v_max)
     return [alpha[k, : size[0], : size[1]] for k, (_, size) in enumerate(windows)]
 

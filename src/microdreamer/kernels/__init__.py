@@ -5,10 +5,11 @@ the arguments mean, the defaults and the choice between implementations live in
 are :mod:`microdreamer.field.reference` (float64 brute force) and :mod:`microdreamer.field.torch_impl`.
 Importing this package compiles nothing and works without a GPU.
 
-``csrc/cpu/`` holds the C++ CPU kernels (plain C functions, built with the system's
-compiler and loaded with ctypes by :mod:`._cpu_backend`; wrappers in :mod:`.cpu`): the density field's
-``"cpp"`` backend and the UV packer's skyline loop. ``csrc/carve.cu`` holds silhouette carving's projected alpha (:func:`carve_alpha`; its PyTorch path and
-the semantics are in :mod:`microdreamer.field.carve`).
+``csrc/cpu/`` holds the C++ CPU kernels (plain C functions, built with the system's compiler and loaded
+with ctypes by :mod:`._cpu_backend`; wrappers in :mod:`.cpu`): the density field's ``"cpp"`` backend, the
+Gaussian rasteriser's forward pass (render backend ``"cpp"``), the bake's back-projection and mesh depth
+raster, and the UV packer's skyline loop. ``csrc/carve.cu`` holds silhouette carving's projected alpha
+(:func:`carve_alpha`; its PyTorch path and the semantics are in :mod:`microdreamer.field.carve`).
 
 The field kernels (``csrc/fields.cu``):
 

@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).resolve().with_name("csrc")
 SOURCES = (
     "cpu/bake.cpp",
-    "cpu/carve.cpp",
     "cpu/field.cpp",
     "cpu/mesh_raster.cpp",
     "cpu/raster.cpp",
@@ -42,7 +41,6 @@ LIBRARY = "libmicrodreamer_cpu.so"
 _i64, _f64, _ptr = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 #: every exported function: name -> argument types (all return int64; pointers are tensors' data_ptr())
 SIGNATURES: dict[str, list] = {
-    "md_carve_alpha": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr],
     "md_bake_accumulate": [_i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _f64, _ptr, _ptr]
     + [_f64, _f64, _f64, _f64, _ptr, _ptr],
     "md_raster_depth": [_i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _f64, _f64, _i64, _ptr],

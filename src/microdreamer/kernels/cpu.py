@@ -4,7 +4,7 @@ Tensors and plain numbers in, tensors out. Every wrapper checks devices, dtypes,
 before a pointer reaches C++ (the C functions trust their inputs), and splits its work into independent
 parts that run on Python threads (a ctypes call releases the GIL). The semantics, the PyTorch paths and
 the choice between them live in the stage modules that call these: :mod:`microdreamer.field` (its
-``"cpp"`` backend), :mod:`microdreamer.field.carve` (its ``"cpp"`` backend), :mod:`microdreamer.render.gaussians`
+``"cpp"`` backend), :mod:`microdreamer.render.gaussians`
 (its ``"cpp"`` backend), :mod:`microdreamer.render.mesh` (``rasterize_depth``'s ``"cpp"`` backend),
 :mod:`microdreamer.texture.bake` (its ``"cpp"`` projection backend) and :mod:`microdreamer.texture.charts` (the
 packer). Importing this module compiles nothing.
@@ -21,7 +21,6 @@ from microdreamer.kernels import _cpu_backend
 __all__ = [
     "available",
     "bake_accumulate",
-    "carve_alpha",
     "field_scatter",
     "raster_depth",
     "rasterize",
@@ -121,67 +120,6 @@ def field_scatter(
 
     _run_parts(part, list(range(slabs)), workers)
     return out
-
-
-def carve_alpha(
-    precision: torch.Tensor,
-    offset: torch.Tensor,
-    box: torch.Tensor,
-    opacity: torch.Tensor,
-    sums: torch.Tensor,
-    v_size: int,
-    workers: int = 1,
-) -> torch.Tensor:
-    """Silhouette carving's projected alpha terms of D directions added to fixed-point sums, as
-    :func:`microdreamer.kernels.carve_alpha` does on the GPU (the same float32 terms; semantics in
-    :mod:`microdreamer.field.carve`).
-
-    Args:
-        precision: [D, N, 3] float32 (a, b, c) of each footprint's inverse 2D covariance, squared pixels.
-        offset: [D, N, 2] float32, the footprint box's pixel (0, 0) minus the Gaussian's centre, pixels.
-        box: [D, N, 4] int32 first pixel (u, v) and extent (u, v) of each box (extent 0: none).
-        opacity: [N] float32.
-        sums: [D, U * V] int64, added to in place: log(1 - alpha) in units of 2^-32 (V = ``v_size``).
-        workers: threads, each owning whole directions.
-
-    Returns:
-        ``sums``.
-    """
-    d, n = box.shape[0], box.shape[1] if box.dim() == 3 else 0
-    _check(precision, "precision", torch.float32, (d, n, 3))
-    _check(offset, "offset", torch.float32, (d, n, 2))
-    _check(box, "box", torch.int32, (d, n, 4))
-    _check(opacity, "opacity", torch.float32, (n,))
-    if sums.dim() != 2 or sums.shape[0] != d:
-        raise ValueError(f"sums must have shape [{d}, U * V], got {list(sums.shape)}")
-    _check(sums, "sums", torch.int64, (d, sums.shape[1]))
-    if n and d:
-        b = box.view(-1, 4).long()
-        if bool(((b[:, 2] > 0) & (b[:, 3] > 0) & ((b[:, 0] < 0) | (b[:, 1] < 0) | (b[:, 3] + b[:, 1] > v_size)
-                 | ((b[:, 0] + b[:, 2]) * v_size > sums.shape[1]))).any()):  # fmt: skip
-            raise ValueError(
-                f"a box reaches outside the [{sums.shape[1] // max(v_size, 1)}, {v_size}] images"
-            )
-    if n == 0 or d == 0:
-        return sums
-    fn = _cpu_backend.load().md_carve_alpha
-    args = (
-        precision.data_ptr(),
-        offset.data_ptr(),
-        box.data_ptr(),
-        opacity.data_ptr(),
-        n,
-        sums.shape[1],
-        int(v_size),
-    )
-    parts = max(1, min(d, 4 * workers))
-    bounds = [d * s // parts for s in range(parts + 1)]
-
-    def part(s: int) -> None:
-        fn(*args, bounds[s], bounds[s + 1], sums.data_ptr())
-
-    _run_parts(part, list(range(parts)), workers)
-    return sums
 
 
 def bake_accumulate(
