@@ -567,6 +567,11 @@ def test_cpp_edge_cases_match_reference(mode):
     s.log_scales[2] = math.log(5.0)
     s.opacity_logits[:3] = 5.0
     _check_cpp(s, FieldConfig(resolution=31, mode=mode))
+    # every Gaussian e^60 wide: clamped by prepare_gaussians to 1e18 of the grid, the row interval's ends far
+    # beyond int64 (the CLI then reports a field above the level everywhere)
+    s = make_synthetic_object(40, seed=1)
+    s.log_scales[:] = 60.0
+    _check_cpp(s, FieldConfig(resolution=12, mode=mode))
 
 
 @needs_cpp

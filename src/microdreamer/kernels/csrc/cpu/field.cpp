@@ -46,8 +46,11 @@ extern "C" int64_t md_field_scatter(int64_t n,
           if (disc < 0) continue;
           const double s = std::sqrt(disc);
           const double lo = mu[2] + (-bc - s) / cc, hi = mu[2] + (-bc + s) / cc;
-          ka = std::max(ka, static_cast<int64_t>(std::floor((lo - axis[0]) / h)) - 1);
-          kb = std::min(kb, static_cast<int64_t>(std::ceil((hi - axis[0]) / h)) + 1);
+          // compared as doubles before any cast: a Gaussian far wider than the grid puts the ends beyond
+          // int64's range (and a NaN keeps the whole box)
+          const double first = std::floor((lo - axis[0]) / h) - 1.0, last = std::ceil((hi - axis[0]) / h) + 1.0;
+          if (first > static_cast<double>(ka)) ka = first > static_cast<double>(kb) ? kb + 1 : static_cast<int64_t>(first);
+          if (last < static_cast<double>(kb)) kb = last < static_cast<double>(ka) ? ka - 1 : static_cast<int64_t>(last);
         }
         float* row = out + (i * r + j) * r;
         for (int64_t k = ka; k <= kb; ++k) {
