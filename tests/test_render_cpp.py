@@ -150,6 +150,9 @@ def test_cpp_refuses_gradients_float64_and_other_devices():
         render(splat, cams, backend="cpp")
     with pytest.raises(ValueError, match="float32"), torch.no_grad():
         render(random_sh_splat(10, seed=4, dtype=torch.float64), cams, backend="cpp")
+    with torch.no_grad():  # auto renders a float64 splat with torch
+        out = render(random_sh_splat(10, seed=4, dtype=torch.float64), cams, backend="auto")
+    assert out.rgb.dtype == torch.float64
     with pytest.raises(ValueError, match="CPU"):
         resolve_backend("cpp", torch.device("cuda"), needs_grad=False)
 

@@ -214,6 +214,8 @@ def render(
     """
     device = splat.device
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in splat.tensors().values())
+    if backend == "auto" and device.type == "cpu" and splat.means.dtype != torch.float32:
+        backend = "torch"  # the cpp backend renders float32 splats only
     backend = resolve_backend(backend, device, needs_grad)
     degree = splat.sh_degree if sh_degree is None else int(sh_degree)
     if not 0 <= degree <= splat.sh_degree:
