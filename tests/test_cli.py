@@ -515,6 +515,52 @@ def test_up_turns_a_y_down_splat_upright_in_mesh(tmp_path):
         assert (width_top < width_bottom) == head_on_top, (up, width_top, width_bottom)
 
 
+def _y_down_snowman_on_ground(path):
+    """The snowman standing on a grey plate (2 x 2, a third of the Gaussians, just under its base), y up,
+    stored y-down: a capture with one clear ground, which ``--up auto`` finds."""
+    from microdreamer.orient import up_rotation
+    from microdreamer.splat import Splat
+    from microdreamer.synthetic import snowman_splat
+
+    g = torch.Generator().manual_seed(3)
+    man = snowman_splat(2000, seed=2)
+    k = 1000
+    plate = torch.stack([torch.rand(k, generator=g) * 2 - 1, torch.full((k,), -0.66),
+                         torch.rand(k, generator=g) * 2 - 1], -1)  # fmt: skip
+    floor = Splat.from_activated(
+        plate, torch.full((k, 3), 0.03), torch.tensor([[1.0, 0.0, 0.0, 0.0]]).expand(k, 4),
+        torch.full((k,), 0.9), torch.full((k, 3), 0.5),
+    )  # fmt: skip
+    parts = man.tensors(), floor.tensors()
+    scene = Splat(**{name: torch.cat([parts[0][name], parts[1][name]]) for name in parts[0]})
+    write_ply(scene.transformed(up_rotation("-y")), path)
+    return path
+
+
+def test_up_auto_finds_the_ground_of_a_y_down_capture(tmp_path, capsys):
+    """render and mesh --up auto: a y-down splat with a floor comes out upright, and the axis is printed;
+    without a ground (the bare snowman) auto keeps +y and says so."""
+    from PIL import Image
+
+    src = _y_down_snowman_on_ground(tmp_path / "down.ply")
+    assert run_cli("render", src, "-o", tmp_path / "auto.png", "--size", 64, "--up", "auto") == 0
+    assert "up axis: -y (auto: the side of the input's ground)" in capsys.readouterr().out
+    assert all(_red_above_blue(np.asarray(Image.open(tmp_path / "auto.png").convert("RGB")), 64))
+
+    out = tmp_path / "auto.ply"
+    assert run_cli("mesh", src, "-o", out, "--resolution", 48, "--texture", "none", "--up", "auto") == 0
+    assert "up axis: -y (auto: the side of the splat's ground)" in capsys.readouterr().err  # a stage line
+    v = np.asarray(load(out).vertices)
+    lo, hi = v[:, 1].min(), v[:, 1].max()
+    top, bottom = v[v[:, 1] > hi - 0.15], v[v[:, 1] < lo + 0.05]
+    assert np.ptp(top[:, 0]) < 0.5 and np.ptp(bottom[:, 0]) > 1.5  # the head on top, the 2-wide plate below
+
+    bare = _y_down_snowman(tmp_path / "bare.ply")
+    assert run_cli("render", bare, "-o", tmp_path / "bare.png", "--size", 48, "--up", "auto") == 0
+    assert "up axis: +y (auto: no single clear ground layer, so the default)" in capsys.readouterr().out
+    assert not any(_red_above_blue(np.asarray(Image.open(tmp_path / "bare.png").convert("RGB")), 48))
+
+
 # ---------------------------------------------------------------------------------------------------
 # --max-faces (the decimation target; --decimate is its older name)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import sample
-from microdreamer.orient import UP_AXES, detect_up, orient, up_rotation
+from microdreamer.orient import UP_AXES, detect_up, orient, resolve_up, up_rotation
 
 UNIT = {"+y": (0.0, 1.0, 0.0), "-y": (0.0, -1.0, 0.0), "+z": (0.0, 0.0, 1.0), "-z": (0.0, 0.0, -1.0)}
 
@@ -87,6 +87,25 @@ def test_a_ball_a_cube_and_degenerate_inputs_give_no_guess():
     assert detect_up(torch.zeros(0, 3)) is None
     assert detect_up(torch.zeros(500, 3)) is None  # no extent
     assert detect_up(torch.randn(10, 3)) is None  # too few points
+
+
+@pytest.mark.parametrize("up", UP_AXES)
+def test_resolve_up_on_a_splat_and_on_vertices(up):
+    """resolve_up: a splat's centres weighted by opacity, or an object's vertices; given axes unchanged."""
+    from types import SimpleNamespace
+
+    from microdreamer.splat import Splat
+
+    pts = (table_scene(seed=6) @ up_rotation(up)).float()
+    n = pts.shape[0]
+    splat = Splat.from_activated(pts, torch.full((n, 3), 0.01), torch.tensor([[1.0, 0, 0, 0]]).expand(n, 4),
+                                 torch.full((n,), 0.8), torch.full((n, 3), 0.5))  # fmt: skip
+    assert resolve_up(splat, "auto") == (up, "ground")
+    assert resolve_up(SimpleNamespace(vertices=pts.numpy()), "auto") == (up, "ground")
+    for given in UP_AXES:
+        assert resolve_up(splat, given) == (given, "given")
+    bare = (table_scene(seed=6, ground=False) @ up_rotation(up)).float()
+    assert resolve_up(SimpleNamespace(vertices=bare.numpy()), "auto") == ("+y", "default")
 
 
 def test_explicit_up_is_used_as_given():

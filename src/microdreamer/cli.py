@@ -941,6 +941,15 @@ def cmd_render(args: argparse.Namespace) -> None:
 
         source = Splat.from_arrays(source)
     t = time.perf_counter()
+    if cfg.up == "auto":
+        from microdreamer.jobs.turntable import load_renderable
+        from microdreamer.orient import resolve_up
+
+        source = load_renderable(source) if isinstance(source, str | Path) else source
+        up, how = resolve_up(source, "auto")
+        print(f"up axis: {up} (auto: " + ("the side of the input's ground)" if how == "ground"
+                                          else "no single clear ground layer, so the default)"))  # fmt: skip
+        cfg = dataclasses.replace(cfg, up=up)
     out = render_turntable(source, args.output, cfg, device=device)
     print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")
 
@@ -1080,7 +1089,7 @@ def _join_up_values(argv: list[str]) -> list[str]:
     """``--up -y`` -> ``--up=-y``: argparse reads a value starting with ``-`` as an option."""
     out: list[str] = []
     for i, arg in enumerate(argv):
-        if i and argv[i - 1] == "--up" and arg in config.UP_AXES:
+        if i and argv[i - 1] == "--up" and arg in config.UP_CHOICES:
             out[-1] = f"--up={arg}"
         else:
             out.append(arg)

@@ -981,7 +981,12 @@ class ImageConfig(Config):
 DEVICES = ("auto", "cpu", "cuda")
 #: the up axes ``--up`` takes (:data:`microdreamer.orient.UP_AXES`; orient imports torch, this module not)
 UP_AXES = ("+y", "-y", "+z", "-z")
+#: what ``--up`` takes on splat inputs: an axis, or ``auto`` (:func:`microdreamer.orient.detect_up`: a ground's
+#: side when the splat has one clear ground layer, else +y)
+UP_CHOICES = (*UP_AXES, "auto")
 UP_HELP = "the input's up axis; the output is turned so that it points up (+y)"
+UP_HELP_AUTO = (UP_HELP + "; auto: the side of the ground when the input has one clear ground layer "
+                "(a floor or table under the object), else +y")  # fmt: skip
 
 
 #: the export's silhouette-carving directions (``MeshConfig.carve``)
@@ -1004,10 +1009,11 @@ class ExportConfig(Config):
     )
     texture: TextureConfig = dataclasses.field(default_factory=TextureConfig)
     up: str = setting("+y", "the splat's up axis: the splat is turned so that it points up (+y) before "
-                      "meshing, and the mesh is written in that frame", choices=UP_AXES)  # fmt: skip
+                      "meshing, and the mesh is written in that frame; auto: the side of the ground when the "
+                      "splat has one clear ground layer (a floor or table), else +y", choices=UP_CHOICES)  # fmt: skip
 
     def validate(self) -> None:
-        self.choose("up", UP_AXES)
+        self.choose("up", UP_CHOICES)
 
 
 FRAMES = ("input", "dataset")
@@ -1048,6 +1054,8 @@ class ReconstructJobConfig(Config):
     def validate(self) -> None:
         self.choose("up", UP_AXES)
         self.choose("frame", FRAMES)
+        # the job maps its mesh back through export.up's rotation: a named axis (--up is this job's)
+        self.require("export", self.export.up in UP_AXES, f"export.up must be one of {', '.join(UP_AXES)}")
 
 
 def _generate_export() -> ExportConfig:
@@ -1263,10 +1271,10 @@ class TurntableConfig(Config):
     elevation_deg: float = setting(0.0, "camera elevation in degrees")
     fps: int = 30
     sheet_views: int = 8
-    up: str = setting("+y", UP_HELP, choices=UP_AXES)
+    up: str = setting("+y", UP_HELP_AUTO, choices=UP_CHOICES)
 
     def validate(self) -> None:
-        self.choose("up", UP_AXES)
+        self.choose("up", UP_CHOICES)
         self.require("frames", self.frames >= 1, "must be at least 1")
         self.require("size", 16 <= self.size <= 4096, "must be between 16 and 4096 pixels")
         self.require("fps", self.fps >= 1, "must be at least 1")

@@ -98,6 +98,22 @@ def detect_up(
     return found[0] if len(found) == 1 else None
 
 
+def resolve_up(source, up: str) -> tuple[str, str]:
+    """The up axis to use and how it was chosen: ``(up, "given")`` for an axis of :data:`UP_AXES`; for
+    ``"auto"``, :func:`detect_up` on ``source`` (a :class:`microdreamer.splat.Splat`: its centres weighted
+    by opacity; anything else with ``vertices`` [V, 3]: those), ``(axis, "ground")`` when it finds one
+    and ``("+y", "default")`` when not."""
+    if up != "auto":
+        return up, "given"
+    if hasattr(source, "means"):
+        with torch.no_grad():
+            points, weights = source.means.detach().float().cpu(), source.opacities().detach().float().cpu()
+    else:
+        points, weights = torch.as_tensor(source.vertices), None
+    found = detect_up(points, weights)
+    return (found, "ground") if found else ("+y", "default")
+
+
 def orient(
     points: torch.Tensor, up: str = "+y", weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, str]:

@@ -428,7 +428,14 @@ def export_mesh(
 
     say = stage or (lambda message: None)
     timer = timer or StageTimer()
-    splat = upright(splat.to(device), config.up)
+    up = config.up
+    if up == "auto":
+        from microdreamer.orient import resolve_up
+
+        up, how = resolve_up(splat, "auto")
+        say(f"up axis: {up} (auto: " + ("the side of the splat's ground)" if how == "ground"
+                                        else "no single clear ground layer, so the default)"))  # fmt: skip
+    splat = upright(splat.to(device), up)
     config = replace(config, field=resolve_resolution(splat, config.field))
     say(f"density field: {len(splat):,} Gaussians on a {config.field.resolution}^3 grid")
     conv = splat_to_mesh(

@@ -54,11 +54,14 @@ def load_renderable(path: str | os.PathLike):
 
 
 def turn_upright(source, up: str):
-    """A splat or a mesh turned so that its up axis ``up`` (``+y``, ``-y``, ``+z``, ``-z``) points up
-    (+y: the turntable's axis and the image's up); ``source`` itself for ``+y``."""
+    """A splat or a mesh turned so that its up axis ``up`` (``+y``, ``-y``, ``+z``, ``-z``, or ``auto``:
+    :func:`microdreamer.orient.resolve_up`) points up (+y: the turntable's axis and the image's up);
+    ``source`` itself for ``+y``."""
+    from microdreamer.orient import resolve_up, up_rotation
+
+    up = resolve_up(source, up)[0]
     if up == "+y":
         return source
-    from microdreamer.orient import up_rotation
     from microdreamer.splat import Splat
 
     rotation = np.asarray(up_rotation(up), dtype=np.float64)
