@@ -74,3 +74,11 @@ def test_up_axes_are_orient_s():
         assert cls().up == "+y"
         with pytest.raises(config.ConfigError, match="use one of"):
             cls(up="y")
+    # auto (a ground's side) where the input is a splat or a mesh to look at: mesh and render; the jobs
+    # that map their output back through the rotation (render-views, reconstruct) need a named axis
+    assert config.ExportConfig(up="auto").up == config.TurntableConfig(up="auto").up == "auto"
+    for cls in (config.ViewsConfig, config.ReconstructJobConfig):
+        with pytest.raises(config.ConfigError, match="use one of"):
+            cls(up="auto")
+    with pytest.raises(config.ConfigError, match=r"export\.up = 'auto'"):
+        config.ReconstructJobConfig(export=config.ExportConfig(up="auto"))

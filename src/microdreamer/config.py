@@ -1055,7 +1055,10 @@ class ReconstructJobConfig(Config):
         self.choose("up", UP_AXES)
         self.choose("frame", FRAMES)
         # the job maps its mesh back through export.up's rotation: a named axis (--up is this job's)
-        self.require("export", self.export.up in UP_AXES, f"export.up must be one of {', '.join(UP_AXES)}")
+        if self.export.up not in UP_AXES:
+            raise ConfigError(
+                type(self).__name__, "export.up", self.export.up, f"use one of {', '.join(UP_AXES)}"
+            )
 
 
 def _generate_export() -> ExportConfig:
