@@ -607,3 +607,94 @@ def test_unwrap_charts_with_the_compiled_packer_matches_numpy_on_a_real_mesh():
     assert a.stats["packs"] == b.stats["packs"]
     np.testing.assert_array_equal(a.uv, b.uv)
     np.testing.assert_array_equal(a.mesh.faces, b.mesh.faces)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the C++ slab extents and row spans (the "cpp" backend) against the PyTorch paths
+
+
+def _awkward_uv(g: torch.Generator, n: int, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """[n, 2] float64 points in [lo, hi]: a third on the half-integer lattice (texel centres, slab borders,
+    vertical and horizontal edges, repeated points), the rest anywhere."""
+    uv = lo + torch.rand(n, 2, generator=g, dtype=torch.float64) * (hi - lo)
+    snap = torch.rand(n, generator=g) < 1 / 3
+    uv[snap] = torch.round(uv[snap] * 2) / 2
+    return uv
+
+
+@needs_cpp
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_cpp_row_spans_equal_torch(seed):
+    """The same runs in the same order, to the bit: random and lattice-snapped triangles, some off the
+    grid or degenerate, on odd grid sizes."""
+    g = torch.Generator().manual_seed(seed)
+    runs = 0
+    for w, h, n, f in [(23, 17, 90, 60), (1, 1, 5, 4), (64, 40, 400, 700), (7, 300, 50, 80)]:
+        uv = _awkward_uv(g, n, torch.tensor([-3.0, -3.0]), torch.tensor([w + 3.0, h + 3.0]))
+        faces = torch.randint(0, n, (f, 3), generator=g)
+        faces[: f // 10, 2] = faces[: f // 10, 1]  # degenerate: a repeated corner
+        want = row_spans(uv, faces, w, h)
+        got = row_spans(uv, faces, w, h, backend="cpp")
+        runs += want[0].numel()
+        for a, b in zip(want, got, strict=True):
+            assert a.dtype == b.dtype == torch.int64
+            assert torch.equal(a, b)
+    assert runs > 1000
+    empty = row_spans(uv, faces[:0], 10, 10, backend="cpp")
+    assert all(t.shape == (0,) for t in empty)
+    assert all(t.numel() == 0 for t in row_spans(uv, faces, 0, 10, backend="cpp"))
+
+
+@needs_cpp
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cpp_slab_extents_equal_torch(seed):
+    """Per-chart column and row extents equal to the bit: charts of random and lattice-snapped triangles
+    (vertical edges, points on slab borders), one-slab charts included."""
+    g = torch.Generator().manual_seed(seed)
+    charts, per = 9, 30
+    size = torch.randint(1, 12, (charts, 2), generator=g)
+    size[0] = torch.tensor([1, 1])
+    uv, faces, fchart = [], [], []
+    for c in range(charts):
+        pts = _awkward_uv(g, per, torch.zeros(2, dtype=torch.float64), size[c].double())
+        pts -= pts.min(0).values  # each chart's minimum corner at (0, 0), inside its slabs
+        uv.append(pts)
+        faces.append(torch.randint(0, per, (2 * per, 3), generator=g) + c * per)
+        fchart.append(torch.full((2 * per,), c))
+    uv, faces, fchart = torch.cat(uv), torch.cat(faces), torch.cat(fchart)
+    want = slab_extents(uv, faces, fchart, size)
+    got = slab_extents(uv, faces, fchart, size, backend="cpp")
+    for a, b in zip(want, got, strict=True):
+        assert a.dtype == b.dtype == torch.float64
+        assert torch.equal(a, b)  # inf where a chart does not reach a slab, on both
+    assert all(torch.isfinite(a).any() for a in want)
+
+
+@needs_cpp
+def test_cpp_uv_kernels_check_their_inputs():
+    uv = torch.rand(4, 2, dtype=torch.float64)
+    faces = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    with pytest.raises(ValueError, match="uv_px must be torch.float64"):
+        cpu_kernels.row_spans(uv.float(), faces, 8, 8)
+    with pytest.raises(ValueError, match="indices in 0..3"):
+        cpu_kernels.row_spans(uv, faces + 1, 8, 8)
+    with pytest.raises(ValueError, match="fchart must hold charts in 0..0"):
+        cpu_kernels.slab_extents(uv, faces, torch.tensor([0, 1]), torch.ones(1, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="at least 1 slab"):
+        cpu_kernels.slab_extents(uv, faces, torch.tensor([0, 0]), torch.zeros(1, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="unknown"):
+        row_spans(uv, faces, 8, 8, backend="numpy")
+
+
+@needs_cpp
+def test_unwrap_charts_backends_give_the_same_layout():
+    """unwrap_charts with the C++ slab extents and row spans == with the PyTorch ones, on a noisy
+    surface that takes several fold-cutting rounds; the cpp backend refuses another device."""
+    mesh = noisy_blob(20_000, noise=0.01)
+    a = unwrap_charts(mesh, texture_size=512, backend="torch")
+    b = unwrap_charts(mesh, texture_size=512, backend="cpp")
+    assert a.stats["split_rounds"] >= 1 and a.stats["packs"] == b.stats["packs"]
+    np.testing.assert_array_equal(a.uv, b.uv)
+    np.testing.assert_array_equal(a.mesh.faces, b.mesh.faces)
+    with pytest.raises(ValueError, match="CPU only"):
+        unwrap_charts(mesh, backend="cpp", device="cuda")

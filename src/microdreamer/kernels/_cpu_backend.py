@@ -33,6 +33,7 @@ SOURCES = (
     "cpu/raster.cpp",
     "cpu/skyline.cpp",
     "cpu/skyline_c.cpp",
+    "cpu/uv_raster.cpp",
 )
 HEADERS = ("cpu/skyline.h",)
 CXXFLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=off"]
@@ -63,6 +64,8 @@ SIGNATURES: dict[str, list] = {
         _ptr,
     ],  # fmt: skip
     "md_skyline_pack": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr],
+    "md_slab_extents": [_i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr],
+    "md_row_spans": [_ptr, _ptr, _i64, _i64, _i64, _f64, _ptr, _ptr, _ptr, _ptr, _i64],
 }
 
 _library: ctypes.CDLL | None = None

@@ -7,7 +7,7 @@ the choice between them live in the stage modules that call these: :mod:`microdr
 ``"cpp"`` backend), :mod:`microdreamer.render.gaussians`
 (its ``"cpp"`` backend), :mod:`microdreamer.render.mesh` (``rasterize_depth``'s ``"cpp"`` backend),
 :mod:`microdreamer.texture.bake` (its ``"cpp"`` projection backend) and :mod:`microdreamer.texture.charts` (the
-packer). Importing this module compiles nothing.
+packer, and the ``"cpp"`` backend of its slab extents and row spans). Importing this module compiles nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ __all__ = [
     "field_scatter",
     "raster_depth",
     "rasterize",
+    "row_spans",
     "skyline_pack",
+    "slab_extents",
     "usable",
 ]
 
@@ -361,3 +363,86 @@ def skyline_pack(
         corner.data_ptr(), turns.data_ptr(),
     )  # fmt: skip
     return corner, turns, int(height)
+
+
+def _check_faces(faces: torch.Tensor, vertices: int) -> int:
+    """Checks ``faces`` ([F, 3] int64 CPU, contiguous, indices in 0..vertices - 1); returns F."""
+    if faces.dim() != 2 or faces.shape[1] != 3:
+        raise ValueError(f"faces must have shape [F, 3], got {list(faces.shape)}")
+    f = faces.shape[0]
+    _check(faces, "faces", torch.int64, (f, 3))
+    if f and (int(faces.min()) < 0 or int(faces.max()) >= vertices):
+        raise ValueError(
+            f"faces must hold indices in 0..{vertices - 1}, got {int(faces.min())}..{int(faces.max())}"
+        )
+    return f
+
+
+def slab_extents(
+    uv: torch.Tensor, faces: torch.Tensor, fchart: torch.Tensor, size: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`microdreamer.texture.charts.slab_extents` in C++ (the same arguments, results to the bit).
+
+    Args:
+        uv: [V, 2] float64 CPU; faces: [F, 3] int64 into ``uv``; fchart: [F] int64 in 0..C - 1;
+        size: [C, 2] int64, each at least 1.
+
+    Returns:
+        (ymin, ymax [sum W_c], xmin, xmax [sum H_c]) float64.
+    """
+    v = uv.shape[0]
+    _check(uv, "uv", torch.float64, (v, 2))
+    f = _check_faces(faces, v)
+    _check(fchart, "fchart", torch.int64, (f,))
+    c = size.shape[0]
+    _check(size, "size", torch.int64, (c, 2))
+    if c and int(size.min()) < 1:
+        raise ValueError(f"size must be at least 1 slab per chart, got {int(size.min())}")
+    if f and (int(fchart.min()) < 0 or int(fchart.max()) >= c):
+        raise ValueError(
+            f"fchart must hold charts in 0..{c - 1}, got {int(fchart.min())}..{int(fchart.max())}"
+        )
+    fn = _cpu_backend.load().md_slab_extents if f else None
+    out = []
+    for axis in (0, 1):
+        n = size[:, axis].contiguous()
+        offset = (torch.cumsum(n, 0) - n).contiguous()
+        total = int(n.sum())
+        lo = torch.full((total,), float("inf"), dtype=torch.float64)
+        hi = torch.full((total,), float("-inf"), dtype=torch.float64)
+        if fn is not None:
+            fn(axis, uv.data_ptr(), faces.data_ptr(), fchart.data_ptr(), size.data_ptr(), offset.data_ptr(), f,
+               lo.data_ptr(), hi.data_ptr())  # fmt: skip
+        out += [lo, hi]
+    return out[0], out[1], out[2], out[3]
+
+
+def row_spans(
+    uv_px: torch.Tensor, faces: torch.Tensor, width: int, height: int, margin: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`microdreamer.texture.charts.row_spans` in C++ (the same arguments and runs, in the same
+    order).
+
+    Args:
+        uv_px: [V, 2] float64 CPU texel coordinates; faces: [F, 3] int64 into ``uv_px``.
+        width, height: the grid (at least 0); margin: as in the PyTorch path.
+
+    Returns:
+        (row [P], x0 [P], x1 [P], face [P]) int64.
+    """
+    v = uv_px.shape[0]
+    _check(uv_px, "uv_px", torch.float64, (v, 2))
+    f = _check_faces(faces, v)
+    if width < 0 or height < 0:
+        raise ValueError(f"the grid must not be negative, got {width} x {height}")
+    empty = torch.zeros(0, dtype=torch.int64)
+    if f == 0 or width == 0 or height == 0:
+        return empty, empty.clone(), empty.clone(), empty.clone()
+    fn = _cpu_backend.load().md_row_spans
+    args = (uv_px.data_ptr(), faces.data_ptr(), f, int(width), int(height), float(margin))
+    count = fn(*args, None, None, None, None, 0)
+    out = [torch.empty(count, dtype=torch.int64) for _ in range(4)]
+    written = fn(*args, *(t.data_ptr() for t in out), count)
+    if written != count:
+        raise RuntimeError(f"md_row_spans wrote {written} runs, counted {count}")
+    return out[0], out[1], out[2], out[3]

@@ -383,7 +383,7 @@ def shelf_pack(widths: np.ndarray, heights: np.ndarray, width: int) -> tuple[np.
 
 
 def slab_extents(
-    uv: torch.Tensor, faces: torch.Tensor, fchart: torch.Tensor, size: torch.Tensor
+    uv: torch.Tensor, faces: torch.Tensor, fchart: torch.Tensor, size: torch.Tensor, backend: str = "torch"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The exact extent of each chart in each unit-wide column and row (its slabs).
 
@@ -391,12 +391,23 @@ def slab_extents(
         uv: [V, 2] float chart-local coordinates in slab units, each chart's minimum corner at (0, 0).
         faces: [F, 3] int64 into ``uv``; fchart: [F] int64 chart of each face.
         size: [C, 2] int64 slabs per chart (columns W_c, rows H_c), covering every uv.
+        backend: ``"torch"`` (this function, over [faces x slabs] tensors, any device) or ``"cpp"``
+            (:func:`microdreamer.kernels.cpu.slab_extents`: the same float64 operations one face at a
+            time, CPU tensors; the same results to the bit, tested).
 
     Returns:
         (ymin, ymax, xmin, xmax): ymin/ymax [sum W_c] float64, the lowest and highest point of the
         chart over each column [j, j + 1], chart by chart (chart c's columns start at the sum of the W
         before it); xmin/xmax [sum H_c] the same per row. Slabs a chart does not reach hold (inf, -inf).
     """
+    if backend == "cpp":
+        from microdreamer.kernels import cpu
+
+        return cpu.slab_extents(
+            uv.double().contiguous(), faces.contiguous(), fchart.contiguous(), size.contiguous()
+        )
+    if backend != "torch":
+        raise ValueError(f"slab_extents backend {backend!r} is unknown; use torch or cpp")
     out = []
     dev = uv.device
     uv = uv.double()
@@ -750,12 +761,17 @@ def _chart_anchors(
 
 
 def _fine_extents(
-    uv: torch.Tensor, faces: torch.Tensor, chart: torch.Tensor, extent: torch.Tensor, density: float
+    uv: torch.Tensor,
+    faces: torch.Tensor,
+    chart: torch.Tensor,
+    extent: torch.Tensor,
+    density: float,
+    backend: str = "torch",
 ):
     """(density, [C, 2] slabs, ymin, ymax, xmin, xmax as NumPy): :func:`slab_extents` of the charts at
     ``density``, from which :func:`coarse_profiles` gives the profiles at any density up to it."""
     size = torch.ceil(extent * density - 1e-9).long().clamp_min(1)
-    ext = slab_extents(uv * density, faces, chart, size)
+    ext = slab_extents(uv * density, faces, chart, size, backend=backend)
     return (density, size.cpu().numpy(), *(e.cpu().numpy() for e in ext))
 
 
@@ -776,6 +792,7 @@ def _search_density(
     packing: str,
     anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
     packer=skyline_pack,
+    backend: str = "torch",
 ) -> tuple[float, torch.Tensor, int]:
     """(density, [V, 2] atlas texel coordinates, packs tried): the largest density found at which
     :func:`_pack_at` fits the charts, from ``density``, at most ``cap``. Each try aims the packed height
@@ -790,7 +807,7 @@ def _search_density(
     history: list[tuple[float, float]] = []
     for attempt in range(12):
         if packing == "skyline" and fine is None:
-            fine = _fine_extents(uv, faces, chart, extent, min(cap, 1.2 * density))
+            fine = _fine_extents(uv, faces, chart, extent, min(cap, 1.2 * density), backend)
         if fine is not None:
             density = min(density, fine[0])
         try:
@@ -828,7 +845,12 @@ def _search_density(
 
 
 def row_spans(
-    uv_px: torch.Tensor, faces: torch.Tensor, width: int, height: int, margin: float = 1e-6
+    uv_px: torch.Tensor,
+    faces: torch.Tensor,
+    width: int,
+    height: int,
+    margin: float = 1e-6,
+    backend: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The texel centres strictly inside each UV triangle, as runs along rows (a scanline rasteriser).
 
@@ -840,11 +862,20 @@ def row_spans(
     Args:
         uv_px: [V, 2] float texel coordinates; faces: [F, 3] int64.
         width, height: the grid; runs are clipped to it.
+        backend: ``"torch"`` (this function, any device) or ``"cpp"`` (:func:`microdreamer.kernels.cpu.
+            row_spans`: the same float64 operations one face and row at a time, CPU tensors; the same
+            runs in the same order, tested).
 
     Returns:
         (row [P], x0 [P], x1 [P], face [P]) int64: face covers the centres of texels x0..x1 (inclusive)
-        of row ``row``; only non-empty runs.
+        of row ``row``, face by face and row by row; only non-empty runs.
     """
+    if backend == "cpp":
+        from microdreamer.kernels import cpu
+
+        return cpu.row_spans(uv_px.double().contiguous(), faces.contiguous(), width, height, margin)
+    if backend != "torch":
+        raise ValueError(f"row_spans backend {backend!r} is unknown; use torch or cpp")
     device = uv_px.device
     tri = uv_px[faces].double()  # [F, 3, 2]
     ymin, ymax = tri[..., 1].amin(1), tri[..., 1].amax(1)
@@ -914,6 +945,7 @@ def unwrap_charts(
     packing: str = "skyline",
     device: str | torch.device = "cpu",
     packer: str = "auto",
+    backend: str = "auto",
 ) -> UVLayout:
     """Unwrap ``mesh`` into charts of clustered normals (see the module docstring).
 
@@ -952,6 +984,10 @@ def unwrap_charts(
         packer: the skyline's loop: ``"numpy"`` (:func:`skyline_pack`), ``"compiled"`` (the same in C++,
             :func:`compiled_skyline_pack`: needs a C++ compiler), or ``"auto"``: compiled where the C++
             CPU kernels build, else NumPy. Both give the same layout.
+        backend: the slab extents and row spans (the UV rasterisation of the packing and the fold
+            checks): ``"torch"`` (:func:`slab_extents`, :func:`row_spans`, any device), ``"cpp"`` (the C++
+            CPU kernels: the same results to the bit, on the CPU only) or ``"auto"``: ``"cpp"`` on the CPU
+            where the kernels build, else ``"torch"``. Both give the same layout.
 
     Returns:
         :class:`UVLayout`; stats ``faces_in``, ``faces``, ``vertices``, ``charts``, ``utilization``
@@ -992,6 +1028,14 @@ def unwrap_charts(
 
         packer = "compiled" if cpu.usable() else "numpy"
     pack_fn = compiled_skyline_pack if packer == "compiled" else skyline_pack
+    if backend not in ("auto", "torch", "cpp"):
+        raise ValueError(f"backend = {backend!r} is unknown; use auto, torch or cpp")
+    if backend == "cpp" and device.type != "cpu":
+        raise ValueError(f"backend = 'cpp' runs on the CPU only, not on {device}; use auto or torch")
+    if backend == "auto":
+        from microdreamer.kernels import cpu
+
+        backend = "cpp" if device.type == "cpu" and cpu.usable() else "torch"
     faces_in = mesh.num_faces
     start = time.perf_counter()
     if max_faces is not None and mesh.num_faces > max_faces:
@@ -1060,7 +1104,9 @@ def unwrap_charts(
         strip = torch.stack([x0, torch.zeros_like(x0)], -1).to(uv.dtype)
         strip_w = int(box[:, 0].sum())
         todo = dirty.nonzero(as_tuple=True)[0]  # the faces of charts made since the last check
-        spans = row_spans(uv * fine_d + strip[vchart], new_faces[todo], strip_w, int(box[:, 1].max()))
+        spans = row_spans(
+            uv * fine_d + strip[vchart], new_faces[todo], strip_w, int(box[:, 1].max()), backend=backend
+        )
         fa, fb = _conflicts(*spans, strip_w)
         fa, fb = todo[fa], todo[fb]
         tick("folds")
@@ -1068,12 +1114,12 @@ def unwrap_charts(
             anchors = _chart_anchors(uv, new_faces, chart, n_charts)
             density, uv_px, tries = _search_density(
                 uv, new_faces, chart, vchart, extent, density, cap, texture_size, padding, packing, anchors,
-                packer=pack_fn,
+                packer=pack_fn, backend=backend,
             )  # fmt: skip
             packs += tries
             tick("pack")
             # folds at the packed density, in the atlas (charts never share texels)
-            spans = row_spans(uv_px, new_faces, texture_size, texture_size)
+            spans = row_spans(uv_px, new_faces, texture_size, texture_size, backend=backend)
             fa, fb = _conflicts(*spans, texture_size)
             tick("folds")
             if fa.numel() == 0:
