@@ -7,19 +7,24 @@
 Cases: the four shared splats meshed at 128^3 (``creative``, ``ghost``, ``fruit``, ``guitar``), the
 guitar at 256^3 (``guitar256``), and ``blob``, a synthetic noisy closed surface of ~330k faces with a
 surface splat made in code (flat Gaussians at area-weighted surface samples, coloured by position).
-The meshes are made with the library's mesh stage (exact field, MeshConfig defaults) and cached in
-``--cache`` (default /tmp/microdreamer_unwrap_cache).
+The meshes are made with the export's mesh stage at those resolutions (:func:`microdreamer.jobs.export.
+splat_to_mesh` with :class:`microdreamer.config.ExportConfig`'s mesh settings: the iso-level from the splat,
+silhouette carving; the meshes ``microdreamer mesh`` unwraps) and cached in ``--cache`` (default
+/tmp/microdreamer_unwrap_cache).
 
 For each case and unwrap, with the same face cap (``--faces``, decimation timed apart):
 
 * ``xatlas``: :func:`microdreamer.texture.unwrap` (its defaults: one chart iteration, block-aligned
   packing at the texture size);
 * ``charts``: :func:`microdreamer.texture.charts.unwrap_charts` (defaults: skyline packing);
+* ``charts_torch``: the same with ``backend="torch"`` (the PyTorch slab extents and row spans instead of
+  the C++ CPU kernels; the same layout, checked; only its time is recorded);
 * ``charts_shelf``: the same with shelf packing;
 * ``charts_nocap``: unwrap_charts of the full mesh (is the decimation still needed?);
 * ``uvunwrap``: uvunwrap's ``generate`` (``packing="fast"``), when it is installed.
 
-Speed: wall and CPU seconds of the unwrap (xatlas uses its own threads; torch ``--threads``, 1 by
+Speed: wall and CPU seconds of the unwrap, the charts variants after one untimed call each (xatlas, at
+tens of seconds, is timed once, cold; it uses its own threads; torch ``--threads``, 1 by
 default on a CPU run: on a shared 2-core machine more threads only contend). Fidelity: each layout
 baked with ``mode="field"`` at ``--texture-size``^2 (texel samples, colour field, fill), the textured mesh rendered at 8 views around the object
 (elevations 0 and +-30 degrees, :func:`centred_orbit_cameras` framing) with
@@ -85,25 +90,26 @@ def surface_splat_of(mesh, n: int, seed: int = 0):
 
 def load_case(name: str, cache: Path, device: torch.device):
     """(mesh, splat, seconds to make the mesh or None when cached) of a case."""
-    from microdreamer.mesh import Mesh, extract_mesh
+    from microdreamer.mesh import Mesh
 
     if name == "blob":
         from test_charts import noisy_blob
 
         mesh = noisy_blob(330_000)
         return mesh, surface_splat_of(mesh, 60_000), None
-    from microdreamer.field import FieldConfig, density_field
+    from microdreamer.config import ExportConfig
+    from microdreamer.field import FieldConfig
+    from microdreamer.jobs.export import splat_to_mesh
     from microdreamer.splat import read_ply
 
     file, resolution = SPLATS[name]
     splat = read_ply(SAMPLES / "splats" / file)
-    path = cache / f"{name}.npz"
+    path = cache / f"{name}_export.npz"
     if path.exists():
         data = np.load(path)
         return Mesh(data["vertices"], data["faces"]), splat, None
     start = time.perf_counter()
-    fld = density_field(splat, FieldConfig(resolution=resolution), device=device)
-    mesh, _ = extract_mesh(fld.values.cpu().numpy(), fld.grid.origin, fld.grid.spacing)
+    mesh = splat_to_mesh(splat, FieldConfig(resolution=resolution), ExportConfig().mesh, device).mesh
     seconds = time.perf_counter() - start
     cache.mkdir(parents=True, exist_ok=True)
     np.savez(path, vertices=mesh.vertices, faces=mesh.faces)
@@ -154,6 +160,7 @@ def run_unwraps(mesh, args, device) -> dict:
     size, pad = args.texture_size, args.padding
     runs = {
         "charts": lambda: unwrap_charts(capped, None, size, pad, device=device),
+        "charts_torch": lambda: unwrap_charts(capped, None, size, pad, device=device, backend="torch"),
         "charts_shelf": lambda: unwrap_charts(capped, None, size, pad, packing="shelf", device=device),
         "charts_nocap": lambda: unwrap_charts(mesh, None, size, pad, device=device),
         "xatlas": lambda: unwrap(capped, None, size, pad),
@@ -161,6 +168,10 @@ def run_unwraps(mesh, args, device) -> dict:
     }
     out = {}
     for name in args.unwraps:
+        if name.startswith("charts"):
+            runs[
+                name
+            ]()  # warm-up: the first call in a process also pays PyTorch's and the kernels' first use
         layout, wall, cpu = timed(runs[name])
         if layout is None:
             continue
@@ -170,6 +181,8 @@ def run_unwraps(mesh, args, device) -> dict:
         )
         if "seconds" in layout.stats and "steps" in layout.stats["seconds"]:
             rec["steps_s"] = {k: round(v, 3) for k, v in layout.stats["seconds"]["steps"].items()}
+        if name == "charts_torch" and "charts" in out:
+            rec["same_layout_as_charts"] = bool(np.array_equal(layout.uv, out["charts"][0].uv))
         out[name] = (layout, rec)
         print(f"  {name:13s} {wall:7.2f} s wall {cpu:7.2f} s cpu  {rec.get('charts')} charts  "
               f"{100 * rec.get('utilization', 0):.0f}% used", flush=True)  # fmt: skip
@@ -281,7 +294,12 @@ def fidelity(name, mesh, splat, unwraps, args, device) -> dict:
     mask = ref.alpha[..., 0] > 0.5
     out, images = {}, {}
     for uname, entry in unwraps.items():
-        if uname.startswith("_") or uname == "charts_shelf" and not args.all_fidelity:
+        if (
+            uname.startswith("_")
+            or uname == "charts_torch"
+            or uname == "charts_shelf"
+            and not args.all_fidelity
+        ):
             continue
         layout = entry[0]
         modes = [("field", lambda layout=layout: field_bake(layout, splat, args.texture_size, device))]
@@ -334,7 +352,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument(
-        "--unwraps", nargs="+", default=["charts", "charts_shelf", "charts_nocap", "xatlas", "uvunwrap"]
+        "--unwraps",
+        nargs="+",
+        default=["charts", "charts_torch", "charts_shelf", "charts_nocap", "xatlas", "uvunwrap"],
     )
     parser.add_argument("--cache", default="/tmp/microdreamer_unwrap_cache")
     parser.add_argument("--faces", type=int, default=50_000)

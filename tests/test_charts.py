@@ -646,6 +646,34 @@ def test_cpp_row_spans_equal_torch(seed):
 
 
 @needs_cpp
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_cpp_run_conflicts_equal_torch(seed):
+    """The overlapping pairs of the runs, in the same order: from real row spans of overlapping random
+    triangles, and from runs with many equal starts and ends (the stable order and cummax's last-of-equals
+    decide which face is paired)."""
+    from microdreamer.texture.charts import _conflicts
+
+    g = torch.Generator().manual_seed(seed)
+    uv = _awkward_uv(g, 300, torch.tensor([0.0, 0.0]), torch.tensor([40.0, 30.0]))
+    faces = torch.randint(0, 300, (400, 3), generator=g)
+    spans = row_spans(uv, faces, 40, 30)
+    p = 2000
+    row = torch.randint(0, 5, (p,), generator=g)
+    x0 = torch.randint(0, 8, (p,), generator=g)
+    ties = (row, x0, x0 + torch.randint(0, 4, (p,), generator=g), torch.randint(0, 50, (p,), generator=g))
+    for runs, width in ((spans, 40), (ties, 12)):
+        want = _conflicts(*runs, width)
+        got = _conflicts(*runs, width, backend="cpp")
+        assert want[0].numel() > 50
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b)
+    one = [t[:1] for t in ties]
+    assert all(t.numel() == 0 for t in _conflicts(*one, 12, backend="cpp"))
+    with pytest.raises(ValueError, match="x0 <= x1"):
+        cpu_kernels.run_conflicts(ties[0], ties[2], ties[1] - 1, ties[3])
+
+
+@needs_cpp
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cpp_slab_extents_equal_torch(seed):
     """Per-chart column and row extents equal to the bit: charts of random and lattice-snapped triangles

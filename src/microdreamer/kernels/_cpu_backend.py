@@ -66,6 +66,7 @@ SIGNATURES: dict[str, list] = {
     "md_skyline_pack": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr],
     "md_slab_extents": [_i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr],
     "md_row_spans": [_ptr, _ptr, _i64, _i64, _i64, _f64, _ptr, _ptr, _ptr, _ptr, _i64],
+    "md_run_conflicts": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr],
 }
 
 _library: ctypes.CDLL | None = None

@@ -25,6 +25,7 @@ __all__ = [
     "raster_depth",
     "rasterize",
     "row_spans",
+    "run_conflicts",
     "skyline_pack",
     "slab_extents",
     "usable",
@@ -446,3 +447,34 @@ def row_spans(
     if written != count:
         raise RuntimeError(f"md_row_spans wrote {written} runs, counted {count}")
     return out[0], out[1], out[2], out[3]
+
+
+def run_conflicts(
+    row: torch.Tensor, x0: torch.Tensor, x1: torch.Tensor, face: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`microdreamer.texture.charts._conflicts` in C++: the same pairs in the same order.
+
+    Args:
+        row, x0, x1, face: [P] int64 CPU runs as :func:`row_spans` gives them (rows from 0, x0 <= x1).
+
+    Returns:
+        (fa [Q], fb [Q]) int64.
+    """
+    p = row.shape[0]
+    for t, name in ((row, "row"), (x0, "x0"), (x1, "x1"), (face, "face")):
+        _check(t, name, torch.int64, (p,))
+    if p < 2:
+        return face[:0].clone(), face[:0].clone()
+    if int(row.min()) < 0:
+        raise ValueError(f"rows must not be negative, got {int(row.min())}")
+    if bool((x1 < x0).any()):
+        raise ValueError("every run needs x0 <= x1")
+    height = int(row.max()) + 1
+    order = torch.empty(p, dtype=torch.int64)
+    start = torch.empty(height + 1, dtype=torch.int64)
+    fa, fb = torch.empty(p, dtype=torch.int64), torch.empty(p, dtype=torch.int64)
+    count = _cpu_backend.load().md_run_conflicts(
+        row.data_ptr(), x0.data_ptr(), x1.data_ptr(), face.data_ptr(), p, height, order.data_ptr(),
+        start.data_ptr(), fa.data_ptr(), fb.data_ptr(),
+    )  # fmt: skip
+    return fa[:count].clone(), fb[:count].clone()

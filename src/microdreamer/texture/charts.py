@@ -910,10 +910,20 @@ def row_spans(
 
 
 def _conflicts(
-    row: torch.Tensor, x0: torch.Tensor, x1: torch.Tensor, face: torch.Tensor, width: int
+    row: torch.Tensor,
+    x0: torch.Tensor,
+    x1: torch.Tensor,
+    face: torch.Tensor,
+    width: int,
+    backend: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fa [P], fb [P]): pairs of faces whose runs (:func:`row_spans`) share a texel centre: each run
-    against the run reaching farthest right among those starting before it on its row."""
+    against the run reaching farthest right among those starting before it on its row (``backend="cpp"``:
+    :func:`microdreamer.kernels.cpu.run_conflicts`, the same pairs in the same order)."""
+    if backend == "cpp":
+        from microdreamer.kernels import cpu
+
+        return cpu.run_conflicts(row, x0, x1, face)
     if row.numel() < 2:
         return face[:0], face[:0]
     _, order = _stable_sort(row * (width + 1) + x0)
@@ -984,8 +994,8 @@ def unwrap_charts(
         packer: the skyline's loop: ``"numpy"`` (:func:`skyline_pack`), ``"compiled"`` (the same in C++,
             :func:`compiled_skyline_pack`: needs a C++ compiler), or ``"auto"``: compiled where the C++
             CPU kernels build, else NumPy. Both give the same layout.
-        backend: the slab extents and row spans (the UV rasterisation of the packing and the fold
-            checks): ``"torch"`` (:func:`slab_extents`, :func:`row_spans`, any device), ``"cpp"`` (the C++
+        backend: the slab extents, row spans and their overlaps (the UV rasterisation of the packing and
+            the fold checks): ``"torch"`` (:func:`slab_extents`, :func:`row_spans`, any device), ``"cpp"`` (the C++
             CPU kernels: the same results to the bit, on the CPU only) or ``"auto"``: ``"cpp"`` on the CPU
             where the kernels build, else ``"torch"``. Both give the same layout.
 
@@ -1107,7 +1117,7 @@ def unwrap_charts(
         spans = row_spans(
             uv * fine_d + strip[vchart], new_faces[todo], strip_w, int(box[:, 1].max()), backend=backend
         )
-        fa, fb = _conflicts(*spans, strip_w)
+        fa, fb = _conflicts(*spans, strip_w, backend=backend)
         fa, fb = todo[fa], todo[fb]
         tick("folds")
         if fa.numel() == 0:
@@ -1120,7 +1130,7 @@ def unwrap_charts(
             tick("pack")
             # folds at the packed density, in the atlas (charts never share texels)
             spans = row_spans(uv_px, new_faces, texture_size, texture_size, backend=backend)
-            fa, fb = _conflicts(*spans, texture_size)
+            fa, fb = _conflicts(*spans, texture_size, backend=backend)
             tick("folds")
             if fa.numel() == 0:
                 break

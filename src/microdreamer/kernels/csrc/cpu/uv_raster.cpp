@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -129,6 +130,45 @@ extern "C" int64_t md_row_spans(const double* uv,       // [V, 2] texel coordina
         out_face[count] = f;
       }
       ++count;
+    }
+  }
+  return count;
+}
+
+// _conflicts: pairs of faces whose runs share a texel centre. The runs are ordered by (row, x0), ties
+// in their given order (the PyTorch path's stable sort), and each run is paired with the run that reaches
+// farthest right among those before it on its row (the last of equals, as torch.cummax takes it) when
+// that reach is at or past the run's start. Writes (fa, fb) in that order; returns the number of pairs.
+// `order` is scratch space of P entries.
+extern "C" int64_t md_run_conflicts(const int64_t* row, const int64_t* x0, const int64_t* x1,
+                                   const int64_t* face, int64_t p_count, int64_t height,
+                                   int64_t* order, int64_t* start,  // [P], [height + 1] scratch
+                                   int64_t* out_a, int64_t* out_b) {
+  // counting sort by row (stable), then a stable sort by x0 within each row
+  std::fill(start, start + height + 1, 0);
+  for (int64_t i = 0; i < p_count; ++i) ++start[row[i] + 1];
+  for (int64_t r = 0; r < height; ++r) start[r + 1] += start[r];
+  {
+    std::vector<int64_t> next(start, start + height);
+    for (int64_t i = 0; i < p_count; ++i) order[next[row[i]]++] = i;
+  }
+  int64_t count = 0;
+  for (int64_t r = 0; r < height; ++r) {
+    int64_t* a = order + start[r];
+    int64_t* b = order + start[r + 1];
+    std::stable_sort(a, b, [x0](int64_t u, int64_t v) { return x0[u] < x0[v]; });
+    int64_t reach = -1, arg = -1;
+    for (int64_t* it = a; it != b; ++it) {
+      const int64_t i = *it;
+      if (it != a && reach >= x0[i]) {
+        out_a[count] = face[arg];
+        out_b[count] = face[i];
+        ++count;
+      }
+      if (x1[i] >= reach) {
+        reach = x1[i];
+        arg = i;
+      }
     }
   }
   return count;
