@@ -267,6 +267,7 @@ def test_generate_command_reports_progress_and_keeps_stderr_quiet(tmp_path, caps
     assert any(line.startswith("SIR iterations: 2/2 (100%) after") for line in lines), err
     assert "input: the object's mask from the image's alpha channel" in err
     assert "UV unwrap" in err and "baking from" in err and "filling" in err and "writing" in err
+    assert "stage 2: the texture refined against the prior's refinement of 8 renders" in err  # not silent
     # the random-weights warning once: the job's log record (pytest's log capture holds it here; the
     # command line's handler prints it), no second copy printed by the command line
     assert sum("RANDOM WEIGHTS" in r.getMessage() for r in caplog.records) == 1

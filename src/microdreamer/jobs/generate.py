@@ -326,6 +326,9 @@ def generate(
         def post_texture(textured):
             from microdreamer.texture.refine import refine_with_prior
 
+            r = config.refine
+            say(f"stage 2: the texture refined against the prior's refinement of {r.views} renders of "
+                f"{r.size}^2, {r.iterations} x {r.steps} Adam steps")  # fmt: skip
             with timer.stage("refine"):
                 refined, stats = refine_with_prior(textured, prior, reference, config.refine, device,
                                                    config.sir.seed, config.sir.fovy_deg)  # fmt: skip
