@@ -561,6 +561,21 @@ def test_up_auto_finds_the_ground_of_a_y_down_capture(tmp_path, capsys):
     assert not any(_red_above_blue(np.asarray(Image.open(tmp_path / "bare.png").convert("RGB")), 48))
 
 
+def test_up_auto_in_a_batch_is_resolved_per_splat_and_recorded(tmp_path):
+    """mesh A B -o DIR/ --up auto: each splat's own axis (the y-down capture with a floor -y, the bare
+    snowman +y), recorded per input in summary.json."""
+    import json
+
+    ground = _y_down_snowman_on_ground(tmp_path / "ground.ply")
+    bare = _y_down_snowman(tmp_path / "bare.ply")
+    out = tmp_path / "out"
+    args = ("--resolution", 32, "--texture", "none", "--carve", 0, "--up", "auto")
+    assert run_cli("mesh", ground, bare, "-o", f"{out}/", *args) == 0
+    items = {i["name"]: i for i in json.loads((out / "summary.json").read_text())["items"]}
+    assert items["ground"]["details"]["up"] == "-y"
+    assert items["bare"]["details"]["up"] == "+y"
+
+
 # ---------------------------------------------------------------------------------------------------
 # --max-faces (the decimation target; --decimate is its older name)
 

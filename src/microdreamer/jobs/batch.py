@@ -321,6 +321,7 @@ class MeshJob(BatchJob):
             "gaussians_kept": result.convert.num_gaussians_kept,
             "mesh_vertices": int(result.mesh.num_vertices),
             "mesh_faces": int(result.mesh.num_faces),
+            "up": result.up,
             "stages": dict(timer.seconds),
         }
 

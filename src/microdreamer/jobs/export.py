@@ -62,12 +62,14 @@ class ExportResult:
         mesh: the mesh as written (textured when the texture stage ran).
         convert: the field and mesh stages' result (counts, backend, the untextured mesh's stats).
         texture_stats: the texture stage's stats (empty for ``texture.mode = "none"``).
+        up: the splat's up axis the mesh was turned by (``config.up``, or what ``"auto"`` found).
     """
 
     path: Path
     mesh: Mesh
     convert: ConvertResult
     texture_stats: dict = field(default_factory=dict)
+    up: str = "+y"
 
     def summary(self) -> dict:
         """The numbers a job records about its mesh."""
@@ -461,7 +463,7 @@ def export_mesh(
     say(f"writing {path}" + (f" ({what})" if what else ""))
     with timer.stage("export"):
         written = save_mesh(mesh, path)
-    return ExportResult(written, mesh, conv, texture_stats)
+    return ExportResult(written, mesh, conv, texture_stats, up)
 
 
 def texture_config_for(config: ExportConfig):
