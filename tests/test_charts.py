@@ -712,6 +712,22 @@ def test_cpp_uv_kernels_check_their_inputs():
         cpu_kernels.slab_extents(uv, faces, torch.tensor([0, 0]), torch.zeros(1, 2, dtype=torch.int64))
     with pytest.raises(ValueError, match="unknown"):
         row_spans(uv, faces, 8, 8, backend="numpy")
+    # a face with a non-finite corner covers nothing (and reads nothing out of bounds)
+    g = torch.Generator().manual_seed(5)
+    uv = torch.rand(40, 2, generator=g, dtype=torch.float64) * 20
+    faces = torch.randint(0, 40, (60, 3), generator=g)
+    uv[3] = float("nan")
+    uv[7, 0] = float("inf")
+    clean = ~(faces == 3).any(1) & ~(faces == 7).any(1)
+    assert 0 < int(clean.sum()) < 60
+    got = cpu_kernels.row_spans(uv, faces, 24, 24)
+    want = cpu_kernels.row_spans(uv, faces[clean].contiguous(), 24, 24)
+    assert torch.equal(got[0], want[0]) and torch.equal(clean.nonzero()[:, 0][want[3]], got[3])
+    size = torch.full((1, 2), 25, dtype=torch.int64)
+    chart = torch.zeros(60, dtype=torch.int64)
+    got = cpu_kernels.slab_extents(uv, faces, chart, size)
+    want = cpu_kernels.slab_extents(uv, faces[clean].contiguous(), chart[clean].contiguous(), size)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 @needs_cpp

@@ -1,11 +1,12 @@
 // UV rasterisation steps of the chart unwrap on the CPU (C ABI, loaded with ctypes by
-// microdreamer.kernels._cpu_backend; the wrappers microdreamer.kernels.cpu.slab_extents and
-// microdreamer.kernels.cpu.row_spans check every input).
+// microdreamer.kernels._cpu_backend; the wrappers microdreamer.kernels.cpu.slab_extents, row_spans and
+// run_conflicts check every input).
 //
-// Both follow the PyTorch paths of microdreamer.texture.charts (slab_extents, row_spans) operation by
-// operation in float64, one face at a time instead of over [faces x slabs] tensors: the same formulas
-// in the same order, so the results are the same to the bit (the build turns off contraction into
-// fused multiply-adds). The per-slab minima and maxima do not depend on the order they are taken in.
+// They follow the PyTorch paths of microdreamer.texture.charts (slab_extents, row_spans, _conflicts)
+// operation by operation in float64, one face at a time instead of over [faces x slabs] tensors: the same
+// formulas in the same order, so the results are the same to the bit (the build turns off contraction into
+// fused multiply-adds). The per-slab minima and maxima do not depend on the order they are taken in. A face
+// with a non-finite coordinate covers nothing here (it has no defined integer conversion).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +35,9 @@ extern "C" int64_t md_slab_extents(int64_t axis,
       tx[k] = uv[2 * v + axis];
       ty[k] = uv[2 * v + 1 - axis];
     }
+    if (!(std::isfinite(tx[0]) && std::isfinite(tx[1]) && std::isfinite(tx[2]) && std::isfinite(ty[0]) &&
+          std::isfinite(ty[1]) && std::isfinite(ty[2])))
+      continue;
     const int64_t c = fchart[f];
     const int64_t n = size[2 * c + axis];
     const int64_t c0 = std::max<int64_t>(static_cast<int64_t>(std::floor(std::min({tx[0], tx[1], tx[2]}))), 0);
@@ -89,6 +93,9 @@ extern "C" int64_t md_row_spans(const double* uv,       // [V, 2] texel coordina
       px[k] = uv[2 * v];
       py[k] = uv[2 * v + 1];
     }
+    if (!(std::isfinite(px[0]) && std::isfinite(px[1]) && std::isfinite(px[2]) && std::isfinite(py[0]) &&
+          std::isfinite(py[1]) && std::isfinite(py[2])))
+      continue;
     const double ymin = std::min({py[0], py[1], py[2]}), ymax = std::max({py[0], py[1], py[2]});
     const int64_t r0 = std::max<int64_t>(static_cast<int64_t>(std::floor(ymin + margin - 0.5)) + 1, 0);
     const int64_t r1 = std::min<int64_t>(static_cast<int64_t>(std::ceil(ymax - margin - 0.5)) - 1, height - 1);
