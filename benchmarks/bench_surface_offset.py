@@ -44,14 +44,6 @@ import bench_fidelity as bf  # benchmarks/ is on sys.path when run as a script
 from _common import save_result
 
 
-def vertex_normals(vertices: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
-    """[V, 3] unit area-weighted vertex normals of ``vertices`` [V, 3] float32, ``faces`` [F, 3] int64."""
-    v0, v1, v2 = (vertices[faces[:, k]] for k in range(3))
-    fn = torch.linalg.cross(v1 - v0, v2 - v0)
-    vn = torch.zeros_like(vertices).index_add_(0, faces.reshape(-1), fn.repeat_interleave(3, dim=0))
-    return vn / vn.norm(dim=1, keepdim=True).clamp_min(1e-12)
-
-
 def colour_offset(splat, vertices: torch.Tensor, faces: torch.Tensor, normals: torch.Tensor):
     """Per-vertex distance along the normal from the mesh's surface to the splat's expected depth, seen
     from the bake's views (see the module docstring).
@@ -115,6 +107,7 @@ def run_splat(name: str, args) -> dict:
     from microdreamer.jobs.export import splat_to_mesh
     from microdreamer.mesh.cleanup import decimate
     from microdreamer.render import render
+    from microdreamer.render.mesh import vertex_normals
     from microdreamer.texture import texture_mesh
 
     splat = bf.load_splat(name)

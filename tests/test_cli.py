@@ -549,7 +549,7 @@ def test_up_auto_finds_the_ground_of_a_y_down_capture(tmp_path, capsys):
 
     out = tmp_path / "auto.ply"
     assert run_cli("mesh", src, "-o", out, "--resolution", 48, "--texture", "none", "--up", "auto") == 0
-    assert "up axis: -y (auto: the side of the splat's ground)" in capsys.readouterr().err  # a stage line
+    assert "up axis: -y (auto: the side of the input's ground)" in capsys.readouterr().err  # a stage line
     v = np.asarray(load(out).vertices)
     lo, hi = v[:, 1].min(), v[:, 1].max()
     top, bottom = v[v[:, 1] > hi - 0.15], v[v[:, 1] < lo + 0.05]

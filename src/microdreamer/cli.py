@@ -943,12 +943,11 @@ def cmd_render(args: argparse.Namespace) -> None:
     t = time.perf_counter()
     if cfg.up == "auto":
         from microdreamer.jobs.turntable import load_renderable
-        from microdreamer.orient import resolve_up
+        from microdreamer.orient import describe_up, resolve_up
 
         source = load_renderable(source) if isinstance(source, str | Path) else source
         up, how = resolve_up(source, "auto")
-        print(f"up axis: {up} (auto: " + ("the side of the input's ground)" if how == "ground"
-                                          else "no single clear ground layer, so the default)"))  # fmt: skip
+        print(describe_up(up, how))
         cfg = dataclasses.replace(cfg, up=up)
     out = render_turntable(source, args.output, cfg, device=device)
     print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")

@@ -114,6 +114,16 @@ def resolve_up(source, up: str) -> tuple[str, str]:
     return (found, "ground") if found else ("+y", "default")
 
 
+def describe_up(up: str, how: str) -> str:
+    """The line that says which axis ``"auto"`` chose (``up``, ``how`` from :func:`resolve_up`)."""
+    why = (
+        "the side of the input's ground"
+        if how == "ground"
+        else "no single clear ground layer, so the default"
+    )
+    return f"up axis: {up} (auto: {why})"
+
+
 def orient(
     points: torch.Tensor, up: str = "+y", weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, str]:

@@ -432,11 +432,10 @@ def export_mesh(
     timer = timer or StageTimer()
     up = config.up
     if up == "auto":
-        from microdreamer.orient import resolve_up
+        from microdreamer.orient import describe_up, resolve_up
 
         up, how = resolve_up(splat, "auto")
-        say(f"up axis: {up} (auto: " + ("the side of the splat's ground)" if how == "ground"
-                                        else "no single clear ground layer, so the default)"))  # fmt: skip
+        say(describe_up(up, how))
     splat = upright(splat.to(device), up)
     config = replace(config, field=resolve_resolution(splat, config.field))
     say(f"density field: {len(splat):,} Gaussians on a {config.field.resolution}^3 grid")

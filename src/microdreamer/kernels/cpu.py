@@ -7,7 +7,7 @@ the choice between them live in the stage modules that call these: :mod:`microdr
 ``"cpp"`` backend), :mod:`microdreamer.render.gaussians`
 (its ``"cpp"`` backend), :mod:`microdreamer.render.mesh` (``rasterize_depth``'s ``"cpp"`` backend),
 :mod:`microdreamer.texture.bake` (its ``"cpp"`` projection backend) and :mod:`microdreamer.texture.charts` (the
-packer, and the ``"cpp"`` backend of its slab extents and row spans). Importing this module compiles nothing.
+packer, and the ``"cpp"`` backend of its slab extents, row spans and their overlaps). Importing this module compiles nothing.
 """
 
 from __future__ import annotations
@@ -441,12 +441,12 @@ def row_spans(
         return empty, empty.clone(), empty.clone(), empty.clone()
     fn = _cpu_backend.load().md_row_spans
     args = (uv_px.data_ptr(), faces.data_ptr(), f, int(width), int(height), float(margin))
-    count = fn(*args, None, None, None, None, 0)
-    out = [torch.empty(count, dtype=torch.int64) for _ in range(4)]
-    written = fn(*args, *(t.data_ptr() for t in out), count)
-    if written != count:
-        raise RuntimeError(f"md_row_spans wrote {written} runs, counted {count}")
-    return out[0], out[1], out[2], out[3]
+    bound = fn(*args, None, None, None, None, 0)  # the rows the triangles span: at least the runs
+    out = [torch.empty(bound, dtype=torch.int64) for _ in range(4)]
+    written = fn(*args, *(t.data_ptr() for t in out), bound)
+    if written < 0:
+        raise RuntimeError(f"md_row_spans found more runs than its bound of {bound}")
+    return out[0][:written], out[1][:written], out[2][:written], out[3][:written]
 
 
 def run_conflicts(

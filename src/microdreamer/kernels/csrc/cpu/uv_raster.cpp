@@ -78,8 +78,9 @@ extern "C" int64_t md_slab_extents(int64_t axis,
 }
 
 // row_spans: the texel centres strictly inside each UV triangle as runs (row, x0, x1, face), face by
-// face and row by row (the PyTorch path's order). With out_row null it only counts the runs. Returns the
-// number of runs, or -1 when more than `capacity` would be written.
+// face and row by row (the PyTorch path's order). With out_row null it returns a bound on the runs (the
+// rows each triangle spans, without the rows' x ranges) for sizing the outputs. Returns the number of runs,
+// or -1 when more than `capacity` would be written.
 extern "C" int64_t md_row_spans(const double* uv,       // [V, 2] texel coordinates
                                 const int64_t* faces,   // [F, 3]
                                 int64_t f_count, int64_t width, int64_t height, double margin,
@@ -100,6 +101,10 @@ extern "C" int64_t md_row_spans(const double* uv,       // [V, 2] texel coordina
     const int64_t r0 = std::max<int64_t>(static_cast<int64_t>(std::floor(ymin + margin - 0.5)) + 1, 0);
     const int64_t r1 = std::min<int64_t>(static_cast<int64_t>(std::ceil(ymax - margin - 0.5)) - 1, height - 1);
     if (r1 < r0) continue;
+    if (out_row == nullptr) {
+      count += r1 - r0 + 1;
+      continue;
+    }
     // each edge in canonical order (lower end first; on a tie in y, smaller x first)
     double lx[3], ly[3], hy[3], inv[3];
     bool usable[3];
@@ -129,13 +134,11 @@ extern "C" int64_t md_row_spans(const double* uv,       // [V, 2] texel coordina
       const int64_t x0 = std::max<int64_t>(static_cast<int64_t>(std::floor(xl + margin - 0.5)) + 1, 0);
       const int64_t x1 = std::min<int64_t>(static_cast<int64_t>(std::ceil(xr - margin - 0.5)) - 1, width - 1);
       if (x0 > x1) continue;
-      if (out_row != nullptr) {
-        if (count >= capacity) return -1;
-        out_row[count] = row;
-        out_x0[count] = x0;
-        out_x1[count] = x1;
-        out_face[count] = f;
-      }
+      if (count >= capacity) return -1;
+      out_row[count] = row;
+      out_x0[count] = x0;
+      out_x1[count] = x1;
+      out_face[count] = f;
       ++count;
     }
   }
