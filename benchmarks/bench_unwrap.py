@@ -2,7 +2,7 @@
 
     python benchmarks/bench_unwrap.py [--device cpu|cuda] [--cases NAME ...] [--cache DIR]
                                       [--faces 50000] [--texture-size 1024] [--view-size 256]
-                                      [--bake-cases NAME ...] [--bake-view-size 256] [--out FILE.json]
+                                      [--bake-cases NAME ...] [--bake-view-size 256] [--repeat 3] [--out FILE.json]
 
 Cases: the four shared splats meshed at 128^3 (``creative``, ``ghost``, ``fruit``, ``guitar``), the
 guitar at 256^3 (``guitar256``), and ``blob``, a synthetic noisy closed surface of ~330k faces with a
@@ -23,8 +23,8 @@ For each case and unwrap, with the same face cap (``--faces``, decimation timed 
 * ``charts_nocap``: unwrap_charts of the full mesh (is the decimation still needed?);
 * ``uvunwrap``: uvunwrap's ``generate`` (``packing="fast"``), when it is installed.
 
-Speed: wall and CPU seconds of the unwrap, the charts variants after one untimed call each (xatlas, at
-tens of seconds, is timed once, cold; it uses its own threads; torch ``--threads``, 1 by
+Speed: wall and CPU seconds of the unwrap, the charts variants after one untimed call each, the median of
+``--repeat`` calls (xatlas, at seconds to tens of seconds, is timed once, cold; it uses its own threads; torch ``--threads``, 1 by
 default on a CPU run: on a shared 2-core machine more threads only contend). Fidelity: each layout
 baked with ``mode="field"`` at ``--texture-size``^2 (texel samples, colour field, fill), the textured mesh rendered at 8 views around the object
 (elevations 0 and +-30 degrees, :func:`centred_orbit_cameras` framing) with
@@ -169,13 +169,18 @@ def run_unwraps(mesh, args, device) -> dict:
     out = {}
     for name in args.unwraps:
         if name.startswith("charts"):
-            runs[
-                name
-            ]()  # warm-up: the first call in a process also pays PyTorch's and the kernels' first use
-        layout, wall, cpu = timed(runs[name])
+            # warm-up (the first call in a process also pays PyTorch's and the kernels' first use), then
+            # the median of --repeat calls: a single call of well under a second swings with the load
+            runs[name]()
+            calls = sorted((timed(runs[name]) for _ in range(args.repeat)), key=lambda r: r[1])
+            layout, wall, cpu = calls[len(calls) // 2]
+        else:
+            layout, wall, cpu = timed(runs[name])
         if layout is None:
             continue
         rec = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "faces": layout.mesh.num_faces}
+        if name.startswith("charts"):
+            rec["wall_s_calls"] = [round(c[1], 3) for c in calls]
         rec.update(
             {k: v for k, v in layout.stats.items() if k in ("charts", "utilization", "split_rounds", "packs")}
         )
@@ -363,6 +368,7 @@ def main() -> None:
     parser.add_argument("--view-size", type=int, default=256)
     parser.add_argument("--bake-cases", nargs="*", default=["creative", "fruit", "guitar"])
     parser.add_argument("--bake-view-size", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3, help="timed calls of each charts variant (median)")
     parser.add_argument("--all-fidelity", action="store_true", help="also bake charts_shelf")
     parser.add_argument("--no-fidelity", action="store_true")
     parser.add_argument(
