@@ -99,6 +99,7 @@ def build_layout(splat_path: Path, cache: Path | None, faces: int):
 
 
 def bench_speed(args) -> dict:
+    from microdreamer.cameras import framing
     from microdreamer.splat import read_ply
     from microdreamer.texture import (
         BakeConfig,
@@ -108,7 +109,6 @@ def bench_speed(args) -> dict:
         splat_render_fn,
         texel_samples,
     )
-    from microdreamer.texture.bake import framing
 
     device = torch.device(args.device)
     splat_path = Path(args.splat)
@@ -238,6 +238,7 @@ def _psnrs(pred, ref, mask) -> dict:
 
 
 def bench_quality(args) -> dict:
+    from microdreamer.cameras import centred_orbit_cameras, framing
     from microdreamer.field import FieldConfig
     from microdreamer.jobs.export import splat_to_mesh
     from microdreamer.mesh import Mesh, MeshConfig
@@ -256,7 +257,6 @@ def bench_quality(args) -> dict:
         texture_mesh,
         unwrap,
     )
-    from microdreamer.texture.bake import centred_orbit_cameras, framing
 
     spot = SAMPLES / "meshes" / "spot"
     if not (spot / "spot_triangulated.obj").exists():
@@ -341,7 +341,7 @@ def parse_variant(text: str) -> dict:
 def heldout_cameras(gt, device):
     """8 held-out views of ``gt`` (seeded): random azimuths, elevations in [-30, 30], 512^2, framed
     like the bake views. None coincides with a bake view (elevations 0, +-45 at multiples of 45)."""
-    from microdreamer.texture.bake import centred_orbit_cameras, framing
+    from microdreamer.cameras import centred_orbit_cameras, framing
 
     center, radius = framing(torch.as_tensor(gt.vertices, dtype=torch.float32))
     g = torch.Generator().manual_seed(1234)

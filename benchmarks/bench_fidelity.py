@@ -176,8 +176,8 @@ def eval_cameras(splat, views: int, size: int, elevations=EVAL_ELEVATIONS, azimu
     its poles); the carving's directions are orthographic and fixed in the grid's frame. The
     ``--high-views`` set (40, -50, 55, -35 degrees from azimuth 10) looks from above and below the bake's
     rings instead."""
+    from microdreamer.cameras import centred_orbit_cameras
     from microdreamer.jobs.turntable import splat_framing
-    from microdreamer.texture.bake import centred_orbit_cameras
 
     center, radius = splat_framing(splat)
     az = torch.tensor([azimuth0 + 360.0 * k / views for k in range(views)])

@@ -34,8 +34,9 @@ SPLAT = ROOT / ".." / "shared" / "samples" / "splats" / "dg_ghost_amd_17k.ply"
 
 def bake_views(splat):
     """The 26 default bake cameras around the splat's opaque Gaussians."""
+    from microdreamer.cameras import framing
     from microdreamer.config import BakeViewsConfig
-    from microdreamer.texture.bake import bake_cameras, framing
+    from microdreamer.texture.bake import bake_cameras
 
     center, radius = framing(splat.means[splat.opacities() >= 0.5])
     return bake_cameras(BakeViewsConfig(), center, radius)

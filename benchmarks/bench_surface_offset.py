@@ -51,10 +51,11 @@ def colour_offset(splat, vertices: torch.Tensor, faces: torch.Tensor, normals: t
     Returns:
         (offset [V] float32, 0 where no view gave an estimate; seen [V] bool).
     """
+    from microdreamer.cameras import framing
     from microdreamer.config import BakeViewsConfig
     from microdreamer.render import render
     from microdreamer.render.mesh import rasterize_depth
-    from microdreamer.texture.bake import bake_cameras, framing
+    from microdreamer.texture.bake import bake_cameras
 
     center, radius = framing(vertices)
     cams = bake_cameras(BakeViewsConfig(), center, radius)

@@ -200,7 +200,7 @@ def run_unwraps(mesh, args, device) -> dict:
 
 
 def views(mesh, size: int, device):
-    from microdreamer.texture.bake import centred_orbit_cameras, framing
+    from microdreamer.cameras import centred_orbit_cameras, framing
 
     center, radius = framing(torch.as_tensor(mesh.vertices))
     el = [0.0] * 4 + [-30.0] * 2 + [30.0] * 2
@@ -223,6 +223,8 @@ def field_bake(layout, splat, size: int, device):
 
 def views_bake(layout, splat, size: int, view_size: int, device):
     """The layout's mesh textured by back-projecting splat renders (the default view set)."""
+    from microdreamer.cameras import framing
+    from microdreamer.config import BakeViewsConfig
     from microdreamer.texture import (
         BakeConfig,
         bake_cameras,
@@ -231,7 +233,6 @@ def views_bake(layout, splat, size: int, view_size: int, device):
         splat_render_fn,
         texel_samples,
     )
-    from microdreamer.texture.bake import BakeViewsConfig, framing
 
     v = torch.as_tensor(layout.mesh.vertices, device=device)
     f = torch.as_tensor(layout.mesh.faces, device=device)

@@ -232,10 +232,10 @@ def test_cpp_accumulation_rejects_bad_inputs():
 def test_whole_bake_with_the_cpp_projection_matches_torch():
     """bake_views on a small real mesh with its raster depth and rendered colours, both projections."""
     pytest.importorskip("xatlas", reason="the texture stage needs xatlas (pip install xatlas)")
+    from microdreamer.cameras import framing
     from microdreamer.mesh import Mesh
     from microdreamer.synthetic import position_colored_sphere
     from microdreamer.texture import bake_cameras, bake_views, mesh_render_fn, texel_samples, unwrap
-    from microdreamer.texture.bake import framing
 
     gt = position_colored_sphere(3)
     layout = unwrap(Mesh(gt.vertices, gt.faces), max_faces=None, texture_size=128)

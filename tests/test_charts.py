@@ -468,10 +468,10 @@ def test_texture_config_unwrap_is_validated():
 
 def test_field_bake_round_trip_with_charts_matches_xatlas():
     pytest.importorskip("xatlas", reason="the comparison needs xatlas (pip install xatlas)")
+    from microdreamer.cameras import framing
     from microdreamer.mesh.types import sample_texture_numpy
     from microdreamer.render.mesh import render_mesh
     from microdreamer.synthetic import position_color, position_colored_sphere, surface_splat
-    from microdreamer.texture.bake import framing
     from test_texture import heldout_cameras, masked_psnr
 
     splat = surface_splat()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from microdreamer.cameras import orbit_cameras
+from microdreamer.cameras import centred_orbit_cameras, framing, orbit_cameras
 from microdreamer.errors import InputError
 from microdreamer.field import FieldConfig
 from microdreamer.mesh import Mesh
@@ -41,7 +41,6 @@ from microdreamer.texture import (
     unwrap,
 )
 from microdreamer.texture.atlas import rasterize_uv
-from microdreamer.texture.bake import centred_orbit_cameras, framing
 from microdreamer.texture.field_bake import prepared_with_colors
 
 pytest.importorskip("xatlas", reason="the texture stage needs xatlas (pip install xatlas)")

@@ -368,6 +368,7 @@ def test_bake_views_on_cuda_matches_the_cpu():
     """The whole bake (texel sampling, rasterised visibility, back-projection, fill) on the GPU against
     the same bake on the CPU, from renders of a coloured sphere."""
     pytest.importorskip("xatlas", reason="the texture stage needs xatlas (pip install xatlas)")
+    from microdreamer.cameras import framing
     from microdreamer.mesh import Mesh
     from microdreamer.texture import (
         BakeConfig,
@@ -378,7 +379,6 @@ def test_bake_views_on_cuda_matches_the_cpu():
         texel_samples,
         unwrap,
     )
-    from microdreamer.texture.bake import framing
 
     dev = _device("cuda")
     gt = position_colored_sphere(4)

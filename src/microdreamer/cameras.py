@@ -145,6 +145,35 @@ def orbit_cameras(
     return cameras_from_c2w_opengl(c2w, math.radians(fovy_deg), width, height, axis="y")
 
 
+def framing(vertices: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(centre [3] of the bounding box, radius of the sphere about it holding every vertex)."""
+    lo, hi = vertices.amin(0), vertices.amax(0)
+    center = (lo + hi) / 2
+    radius = float((vertices - center).norm(dim=-1).max())
+    return center, max(radius, 1e-6)
+
+
+def centred_orbit_cameras(
+    elevation_deg,
+    azimuth_deg,
+    center: torch.Tensor,
+    bound_radius: float,
+    fovy_deg: float,
+    size: int,
+    margin: float,
+) -> Cameras:
+    """Orbit cameras around ``center`` (not the origin) at the distance that frames a sphere of
+    ``bound_radius``: ``margin * bound_radius / sin(fovy / 2)``."""
+    distance = margin * bound_radius / math.sin(math.radians(fovy_deg) / 2)
+    cams = orbit_cameras(elevation_deg, azimuth_deg, distance, fovy_deg, size, size)
+    c = center.detach().float().cpu()
+    viewmats = cams.viewmats.clone()
+    viewmats[:, :3, 3] -= viewmats[:, :3, :3] @ c  # world point p -> R (p - c) + t
+    near = max(1e-3, 0.05 * (distance - bound_radius))
+    far = 2.0 * (distance + bound_radius)
+    return Cameras(viewmats, cams.Ks, size, size, near, far)
+
+
 def cameras_from_c2w_opengl(
     c2w: torch.Tensor, fov_rad: float, width: int, height: int, axis: str = "x"
 ) -> Cameras:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from microdreamer.cameras import framing
 from microdreamer.config import (
     DemoConfig,
     ReconstructConfig,
@@ -25,7 +26,6 @@ from microdreamer.config import (
     ViewsConfig,
 )
 from microdreamer.io_utils import atomic_path
-from microdreamer.texture.bake import framing
 
 
 def make_demo_object(subdivisions: int = 4):

@@ -117,8 +117,8 @@ def turntable_frames(
         frame: (centre [3], radius) of the sphere the views frame; None: the source's own (so two
             sources rendered with one ``frame`` are seen from the same cameras).
     """
+    from microdreamer.cameras import centred_orbit_cameras, framing
     from microdreamer.splat import Splat
-    from microdreamer.texture.bake import centred_orbit_cameras, framing
 
     device = torch.device(device)
     if isinstance(source, Splat):

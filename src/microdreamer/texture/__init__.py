@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from microdreamer.cameras import framing
 from microdreamer.config import TEXTURE_MODES as MODES
 from microdreamer.config import BakeConfig, BakeViewsConfig, RefineConfig, TextureConfig
 from microdreamer.mesh import Mesh
@@ -37,7 +38,6 @@ from microdreamer.texture.atlas import TexelSamples, fill_texture, texel_samples
 from microdreamer.texture.bake import (
     bake_cameras,
     bake_views,
-    framing,
     mesh_render_fn,
     splat_render_fn,
 )

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import torch
 
-from microdreamer.cameras import Cameras, orbit_cameras
+from microdreamer.cameras import Cameras, centred_orbit_cameras
 from microdreamer.config import PROJECT_BACKENDS, BakeConfig, BakeViewsConfig
 from microdreamer.cpu_pool import cpu_workers, map_single_threaded
 from microdreamer.texture.atlas import TexelSamples
@@ -45,35 +45,6 @@ logger = logging.getLogger(__name__)
 
 # render_fn(cameras) -> (premultiplied rgb [C, H, W, 3], alpha [C, H, W, 1]) on the cameras' device
 RenderFn = Callable[[Cameras], tuple[torch.Tensor, torch.Tensor]]
-
-
-def framing(vertices: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """(centre [3] of the bounding box, radius of the sphere about it holding every vertex)."""
-    lo, hi = vertices.amin(0), vertices.amax(0)
-    center = (lo + hi) / 2
-    radius = float((vertices - center).norm(dim=-1).max())
-    return center, max(radius, 1e-6)
-
-
-def centred_orbit_cameras(
-    elevation_deg,
-    azimuth_deg,
-    center: torch.Tensor,
-    bound_radius: float,
-    fovy_deg: float,
-    size: int,
-    margin: float,
-) -> Cameras:
-    """Orbit cameras around ``center`` (not the origin) at the distance that frames a sphere of
-    ``bound_radius``: ``margin * bound_radius / sin(fovy / 2)``."""
-    distance = margin * bound_radius / math.sin(math.radians(fovy_deg) / 2)
-    cams = orbit_cameras(elevation_deg, azimuth_deg, distance, fovy_deg, size, size)
-    c = center.detach().float().cpu()
-    viewmats = cams.viewmats.clone()
-    viewmats[:, :3, 3] -= viewmats[:, :3, :3] @ c  # world point p -> R (p - c) + t
-    near = max(1e-3, 0.05 * (distance - bound_radius))
-    far = 2.0 * (distance + bound_radius)
-    return Cameras(viewmats, cams.Ks, size, size, near, far)
 
 
 def bake_cameras(config: BakeViewsConfig, center: torch.Tensor, bound_radius: float) -> Cameras:

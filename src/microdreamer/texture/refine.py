@@ -72,7 +72,7 @@ def splat_targets(splat, backend: str = "auto") -> TargetsFn:
 
 def refine_cameras(config: RefineConfig, center: torch.Tensor, bound_radius: float) -> Cameras:
     """The pool of ``config.views`` random orbit views (seeded), framing the bounding sphere."""
-    from microdreamer.texture.bake import centred_orbit_cameras
+    from microdreamer.cameras import centred_orbit_cameras
 
     gen = torch.Generator().manual_seed(config.seed)
     lo, hi = config.elevation_range
@@ -110,9 +110,9 @@ def refine_texture(
         between charts dilated again), and stats with ``loss_first``, ``loss_last`` (mean of the first
         and last 10% of steps), ``steps`` and ``seconds``.
     """
+    from microdreamer.cameras import framing
     from microdreamer.render.mesh import bilinear_taps, rasterize, sample_taps
     from microdreamer.texture.atlas import redilate, texel_samples
-    from microdreamer.texture.bake import framing
 
     if not mesh.has_texture:
         raise ValueError("refine_texture needs a textured mesh (uv and texture)")

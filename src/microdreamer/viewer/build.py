@@ -164,7 +164,7 @@ def _mesh_view(path: Path, asset_dir: Path, rel: str) -> View:
     import torch
     import trimesh
 
-    from microdreamer.texture.bake import framing
+    from microdreamer.cameras import framing
 
     try:
         loaded = trimesh.load(path, process=False)
