@@ -396,6 +396,48 @@ def test_connected_components_backends_agree_with_a_search(seed):
         if (old == label).all():
             break
     np.testing.assert_array_equal(a.numpy(), label)
+    if cpu_kernels.available():
+        np.testing.assert_array_equal(connected_components(nbr, same, backend="cpp").numpy(), label)
+
+
+@needs_cpp
+@pytest.mark.parametrize("f", [0, 1, 2, 7, 1000])
+def test_cpp_components_match_scipy_on_random_graphs(f):
+    """The union-find kernel against SciPy's search on random neighbour tables: any face may neighbour any
+    other (not only a mesh's), -1 holes, one-way flags, self-loops, chains in descending order (the
+    union's hanging of the larger root under the smaller is what names a component by its smallest face)."""
+    rng = np.random.default_rng(f)
+    nbr = rng.integers(-1, max(f, 1), size=(f, 3)) if f else np.zeros((0, 3), np.int64)
+    if f > 2:
+        nbr[: f // 4, 0] = np.arange(f // 4) + 1  # a chain 0 - 1 - 2 - ... walked from its far end too
+        nbr[f - 1, 1] = f - 1  # a self-loop
+    nbr = torch.from_numpy(nbr.astype(np.int64))
+    same = torch.from_numpy(rng.random((f, 3)) < 0.5)
+    same[: f // 4, 0] = True
+    want = connected_components(nbr, same, backend="scipy")
+    got = connected_components(nbr, same, backend="cpp")
+    assert got.dtype == torch.int64 and got.shape == (f,)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_array_equal(connected_components(nbr, same, backend="torch").numpy(), want.numpy())
+
+
+@needs_cpp
+def test_cpp_components_check_their_inputs():
+    nbr = torch.tensor([[1, -1, -1], [0, -1, -1]])
+    same = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="neighbours must hold faces in 0..1"):
+        cpu_kernels.face_components(torch.tensor([[2, -1, -1], [0, -1, -1]]), same)
+    with pytest.raises(ValueError, match="neighbours must hold faces in 0..1"):
+        cpu_kernels.face_components(torch.tensor([[-2, -1, -1], [0, -1, -1]]), same)
+    with pytest.raises(ValueError, match="same must be torch.bool"):
+        cpu_kernels.face_components(nbr, same.int())
+    with pytest.raises(ValueError, match=r"same must have shape \[2, 3\]"):
+        cpu_kernels.face_components(nbr, same[:1])
+    with pytest.raises(ValueError, match=r"shape \[F, 3\]"):
+        cpu_kernels.face_components(nbr[:, :2], same)
+    with pytest.raises(ValueError, match="unknown"):
+        connected_components(nbr, same, backend="fast")
+    np.testing.assert_array_equal(cpu_kernels.face_components(nbr, same).numpy(), [0, 0])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -504,7 +546,7 @@ def test_unwrap_charts_with_the_torch_primitives_matches_numpy(monkeypatch):
     mesh = ramp()
     a = unwrap_charts(mesh, texture_size=128)
     monkeypatch.setattr(charts, "_on_host", lambda x: False)
-    b = unwrap_charts(mesh, texture_size=128)
+    b = unwrap_charts(mesh, texture_size=128, backend="torch")  # what auto takes on CUDA
     assert a.stats["charts"] == b.stats["charts"] and a.stats["split_rounds"] == b.stats["split_rounds"]
     np.testing.assert_array_equal(a.source_vertex, b.source_vertex)
     np.testing.assert_array_equal(a.uv, b.uv)
@@ -661,7 +703,9 @@ def test_cpp_run_conflicts_equal_torch(seed):
     row = torch.randint(0, 5, (p,), generator=g)
     x0 = torch.randint(0, 8, (p,), generator=g)
     ties = (row, x0, x0 + torch.randint(0, 4, (p,), generator=g), torch.randint(0, 50, (p,), generator=g))
-    for runs, width in ((spans, 40), (ties, 12)):
+    # starts far from 0 and rows with no runs between others (the counting sorts' ranges)
+    sparse = (ties[0] * 3, ties[1] + 500, ties[2] + 500, ties[3])
+    for runs, width in ((spans, 40), (ties, 12), (sparse, 512)):
         want = _conflicts(*runs, width)
         got = _conflicts(*runs, width, backend="cpp")
         assert want[0].numel() > 50

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).resolve().with_name("csrc")
 SOURCES = (
     "cpu/bake.cpp",
+    "cpu/components.cpp",
     "cpu/field.cpp",
     "cpu/mesh_raster.cpp",
     "cpu/raster.cpp",
@@ -67,6 +68,7 @@ SIGNATURES: dict[str, list] = {
     "md_slab_extents": [_i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr],
     "md_row_spans": [_ptr, _ptr, _i64, _i64, _i64, _f64, _ptr, _ptr, _ptr, _ptr, _i64],
     "md_run_conflicts": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr],
+    "md_face_components": [_ptr, _ptr, _i64, _ptr],
 }
 
 _library: ctypes.CDLL | None = None

@@ -7,7 +7,7 @@ the choice between them live in the stage modules that call these: :mod:`microdr
 ``"cpp"`` backend), :mod:`microdreamer.render.gaussians`
 (its ``"cpp"`` backend), :mod:`microdreamer.render.mesh` (``rasterize_depth``'s ``"cpp"`` backend),
 :mod:`microdreamer.texture.bake` (its ``"cpp"`` projection backend) and :mod:`microdreamer.texture.charts` (the
-packer, and the ``"cpp"`` backend of its slab extents, row spans and their overlaps). Importing this module compiles nothing.
+packer, the ``"cpp"`` backend of its slab extents, row spans and their overlaps, and of its connected components). Importing this module compiles nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from microdreamer.kernels import _cpu_backend
 __all__ = [
     "available",
     "bake_accumulate",
+    "face_components",
     "field_scatter",
     "raster_depth",
     "rasterize",
@@ -478,3 +479,28 @@ def run_conflicts(
         start.data_ptr(), fa.data_ptr(), fb.data_ptr(),
     )  # fmt: skip
     return fa[:count].clone(), fb[:count].clone()
+
+
+def face_components(neighbours: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
+    """:func:`microdreamer.texture.charts.connected_components` in C++ (union-find): the same labels.
+
+    Args:
+        neighbours: [F, 3] int64 CPU, the face across each edge, -1 where none (any other value in 0..F - 1).
+        same: [F, 3] bool CPU, which of those edges join their faces.
+
+    Returns:
+        [F] int64: the smallest face index of each face's component.
+    """
+    if neighbours.dim() != 2 or neighbours.shape[1] != 3:
+        raise ValueError(f"neighbours must have shape [F, 3], got {list(neighbours.shape)}")
+    f = neighbours.shape[0]
+    _check(neighbours, "neighbours", torch.int64, (f, 3))
+    _check(same, "same", torch.bool, (f, 3))
+    if f and (int(neighbours.min()) < -1 or int(neighbours.max()) >= f):
+        raise ValueError(
+            f"neighbours must hold faces in 0..{f - 1} or -1, got {int(neighbours.min())}..{int(neighbours.max())}"
+        )
+    root = torch.empty(f, dtype=torch.int64)
+    if f:
+        _cpu_backend.load().md_face_components(neighbours.data_ptr(), same.data_ptr(), f, root.data_ptr())
+    return root

@@ -89,6 +89,7 @@ def _direction_sets() -> dict[int, tuple[np.ndarray, float]]:
 
 
 DIRECTION_SETS = _direction_sets()
+COMPONENT_BACKENDS = ("auto", "scipy", "torch", "cpp")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -107,6 +108,23 @@ def _stable_sort(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         order = np.argsort(x.numpy(), kind="stable")
         return torch.from_numpy(x.numpy()[order]), torch.from_numpy(order)
     return torch.sort(x, stable=True)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(a * b).sum(-1)`` over a last dimension of 3, added in the same order without the reduction's
+    overhead (the same values)."""
+    p = a * b
+    return p[..., 0] + p[..., 1] + p[..., 2]
+
+
+def _min3(x: torch.Tensor) -> torch.Tensor:
+    """``x.amin(1)`` of an [F, 3] tensor."""
+    return torch.minimum(torch.minimum(x[:, 0], x[:, 1]), x[:, 2])
+
+
+def _max3(x: torch.Tensor) -> torch.Tensor:
+    """``x.amax(1)`` of an [F, 3] tensor."""
+    return torch.maximum(torch.maximum(x[:, 0], x[:, 1]), x[:, 2])
 
 
 def _unique_inverse(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,14 +173,28 @@ def connected_components(neighbours: torch.Tensor, same: torch.Tensor, backend: 
 
     Faces f and ``neighbours[f, k]`` ([F, 3] int64, -1 = none) are connected where ``same[f, k]``
     ([F, 3] bool). ``backend``: ``"scipy"`` (its graph search, on the CPU), ``"torch"`` (hooking of roots
-    onto smaller roots and pointer jumping, O(log F) rounds, on the inputs' device) or ``"auto"``
-    (scipy for CPU tensors). Both name a component by its smallest face: the same result."""
+    onto smaller roots and pointer jumping, O(log F) rounds, on the inputs' device), ``"cpp"`` (union-find
+    in the C++ CPU kernels, :func:`microdreamer.kernels.cpu.face_components`: CPU tensors only) or
+    ``"auto"`` (scipy for CPU tensors, else torch). All name a component by its smallest face: the same
+    result."""
+    if backend not in COMPONENT_BACKENDS:
+        raise ValueError(f"backend = {backend!r} is unknown; use one of {', '.join(COMPONENT_BACKENDS)}")
+    if backend == "cpp":
+        from microdreamer.kernels import cpu
+
+        if neighbours.device.type != "cpu":
+            raise ValueError(
+                f"the cpp components backend runs on CPU tensors; these are on {neighbours.device}"
+            )
+        return cpu.face_components(neighbours.contiguous(), same.contiguous())
+    if backend == "auto":
+        backend = "scipy" if _on_host(neighbours) else "torch"
     f = neighbours.shape[0]
     device = neighbours.device
     ok = same & (neighbours >= 0)
     a = torch.arange(f, device=device)[:, None].expand(f, 3)[ok]
     b = neighbours[ok]
-    if backend == "scipy" or (backend == "auto" and _on_host(neighbours)):
+    if backend == "scipy":
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components as scipy_components
 
@@ -190,7 +222,7 @@ def _smoothed_normals(
         g = n[idx]  # [F, 3, 3]
         w = has
         if bilateral:
-            w = w * (g * n[:, None, :]).sum(-1, keepdim=True).clamp_min(0.0)
+            w = w * _dot(g, n[:, None, :])[..., None].clamp_min(0.0)
         n = torch.nn.functional.normalize(n + (g * w).sum(1), dim=-1)
     return n
 
@@ -219,17 +251,19 @@ def _merge_small(
     min_cos: float,
     min_faces: int,
     rounds: int,
+    components: str = "auto",
 ) -> torch.Tensor:
     """Charts smaller than ``min_faces`` join their largest larger neighbouring chart: as a whole where
     every face's normal is within ``min_cos`` of that chart's direction (degenerate faces always are),
-    else face by face where the face's is (one ring of faces per round)."""
+    else face by face where the face's is (one ring of faces per round). ``components``: the backend of
+    :func:`connected_components`."""
     f = labels.shape[0]
     device = labels.device
     has = nbr >= 0
     idx = nbr.clamp_min(0)
     ok = (cos >= min_cos) | degenerate[:, None]  # [F, K] face f may take direction k
     for _ in range(rounds):
-        comp = connected_components(nbr, labels[idx] == labels[:, None])
+        comp = connected_components(nbr, labels[idx] == labels[:, None], components)
         size = torch.bincount(comp, minlength=f)
         own = size[comp]
         small = own < min_faces
@@ -245,14 +279,14 @@ def _merge_small(
             .bool()
         )
         whole = across & all_ok[comp].gather(1, nl)
-        w_score = torch.where(whole, nsize, torch.zeros_like(nsize)).amax(1)  # [F]
+        w_score = _max3(torch.where(whole, nsize, torch.zeros_like(nsize)))  # [F]
         w_best = torch.zeros(f, dtype=torch.int64, device=device).scatter_reduce_(
             0, comp, w_score, reduce="amax"
         )
         # the label of that best neighbour, per chart (the smallest label among equal sizes)
         pick = whole & (nsize == w_best[comp][:, None]) & (w_best[comp][:, None] > 0)
         big = torch.iinfo(torch.int64).max
-        lab_pick = torch.where(pick, nl, torch.full_like(nl, big)).amin(1)
+        lab_pick = _min3(torch.where(pick, nl, torch.full_like(nl, big)))
         chart_lab = torch.full((f,), big, dtype=torch.int64, device=device).scatter_reduce_(
             0, comp, lab_pick, reduce="amin"
         )
@@ -294,7 +328,7 @@ def _chart_frames(
     worst = []
     for d in (mean, label_dir):
         cos = torch.where(
-            degenerate, torch.ones(f, device=device, dtype=normals.dtype), (normals * d[chart]).sum(-1)
+            degenerate, torch.ones(f, device=device, dtype=normals.dtype), _dot(normals, d[chart])
         )
         w = torch.full((n_charts,), 2.0, device=device, dtype=normals.dtype)
         worst.append(w.scatter_reduce_(0, chart, cos, reduce="amin"))
@@ -327,7 +361,7 @@ def _project(
     new_faces = inverse.view(-1, 3)
     t1, t2 = _tangent_basis(axis)
     p = verts[source]
-    uv = torch.stack([(p * t1[vchart]).sum(-1), (p * t2[vchart]).sum(-1)], -1)
+    uv = torch.stack([_dot(p, t1[vchart]), _dot(p, t2[vchart])], -1)
     # principal axes of each chart's vertices (a rotation: orientation kept)
     ones = torch.ones(uv.shape[0], device=device, dtype=uv.dtype)
     cnt = torch.zeros(n_charts, device=device, dtype=uv.dtype).index_add_(0, vchart, ones)
@@ -995,8 +1029,9 @@ def unwrap_charts(
             :func:`compiled_skyline_pack`: needs a C++ compiler), or ``"auto"``: compiled where the C++
             CPU kernels build, else NumPy. Both give the same layout.
         backend: the slab extents, row spans and their overlaps (the UV rasterisation of the packing and
-            the fold checks): ``"torch"`` (:func:`slab_extents`, :func:`row_spans`, any device), ``"cpp"`` (the C++
-            CPU kernels: the same results to the bit, on the CPU only) or ``"auto"``: ``"cpp"`` on the CPU
+            the fold checks) and the charts' connected components: ``"torch"`` (:func:`slab_extents`,
+            :func:`row_spans`, any device; the components by SciPy on the CPU), ``"cpp"`` (the C++ CPU
+            kernels: the same results to the bit, on the CPU only) or ``"auto"``: ``"cpp"`` on the CPU
             where the kernels build, else ``"torch"``. Both give the same layout.
 
     Returns:
@@ -1046,6 +1081,7 @@ def unwrap_charts(
         from microdreamer.kernels import cpu
 
         backend = "cpp" if device.type == "cpu" and cpu.usable() else "torch"
+    components = "cpp" if backend == "cpp" else "auto"  # the connected components follow
     faces_in = mesh.num_faces
     start = time.perf_counter()
     if max_faces is not None and mesh.num_faces > max_faces:
@@ -1071,6 +1107,7 @@ def unwrap_charts(
     degenerate = area <= 1e-12 * max(float(area.max()), 1e-300)
     normals = torch.nn.functional.normalize(cross, dim=-1)
     nbr = face_neighbours(faces)
+    centroids = tri.mean(1)
 
     iterations = int(smooth_iterations)
     smooth = _smoothed_normals(tri, nbr, iterations)
@@ -1078,7 +1115,9 @@ def unwrap_charts(
     labels = _labels(normals, smooth, degenerate, dirs, min_cos)
     tick("labels")
     if min_chart_faces > 1 and merge_rounds > 0:
-        labels = _merge_small(labels, nbr, cos, degenerate, merge_min_cos, min_chart_faces, merge_rounds)
+        labels = _merge_small(
+            labels, nbr, cos, degenerate, merge_min_cos, min_chart_faces, merge_rounds, components
+        )
     tick("merge")
     idx = nbr.clamp_min(0)
     key = labels
@@ -1088,7 +1127,9 @@ def unwrap_charts(
     density = None
     dirty = torch.ones(f, dtype=torch.bool, device=device)
     while True:
-        comp = connected_components(nbr, (key[idx] == key[:, None]) & ~alone[:, None] & ~alone[idx])
+        comp = connected_components(
+            nbr, (key[idx] == key[:, None]) & ~alone[:, None] & ~alone[idx], components
+        )
         roots, chart = _unique_inverse(comp)  # charts numbered by their first face
         n_charts = roots.numel()
         axis = _chart_frames(chart, n_charts, normals, area, degenerate, dirs, labels, min_cos)
@@ -1155,7 +1196,7 @@ def unwrap_charts(
         if rounds <= split_rounds // 2:
             # a sheet folded over itself along the chart's direction: cut between the heights of the
             # faces that overlap (the mean of each pair's midpoint, per chart)
-            h = (tri.mean(1) * axis[chart]).sum(-1)
+            h = _dot(centroids, axis[chart])
             sel = ~shares
             mid = 0.5 * (h[fa[sel]] + h[fb[sel]])
             cnt = torch.zeros(n_charts, device=device, dtype=h.dtype).index_add_(
