@@ -9,6 +9,7 @@
 // with a non-finite coordinate covers nothing here (it has no defined integer conversion).
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -154,21 +155,27 @@ extern "C" int64_t md_run_conflicts(const int64_t* row, const int64_t* x0, const
                                    const int64_t* face, int64_t p_count, int64_t height,
                                    int64_t* order, int64_t* start,  // [P], [height + 1] scratch
                                    int64_t* out_a, int64_t* out_b) {
-  // counting sort by row (stable), then a stable sort by x0 within each row
+  // the runs in (row, x0) order, ties in input order: a stable counting sort by x0, then one by row
   std::fill(start, start + height + 1, 0);
   for (int64_t i = 0; i < p_count; ++i) ++start[row[i] + 1];
   for (int64_t r = 0; r < height; ++r) start[r + 1] += start[r];
   {
-    std::vector<int64_t> next(start, start + height);
-    for (int64_t i = 0; i < p_count; ++i) order[next[row[i]]++] = i;
+    const auto [lo, hi] = std::minmax_element(x0, x0 + p_count);
+    const int64_t x_min = *lo;
+    std::vector<int64_t> next(static_cast<size_t>(*hi - x_min + 2), 0);
+    for (int64_t i = 0; i < p_count; ++i) ++next[x0[i] - x_min + 1];
+    for (size_t k = 1; k < next.size(); ++k) next[k] += next[k - 1];
+    std::vector<int64_t> by_x(static_cast<size_t>(p_count));
+    for (int64_t i = 0; i < p_count; ++i) by_x[next[x0[i] - x_min]++] = i;
+    next.assign(start, start + height);
+    for (const int64_t i : by_x) order[next[row[i]]++] = i;
   }
   int64_t count = 0;
   for (int64_t r = 0; r < height; ++r) {
-    int64_t* a = order + start[r];
-    int64_t* b = order + start[r + 1];
-    std::stable_sort(a, b, [x0](int64_t u, int64_t v) { return x0[u] < x0[v]; });
+    const int64_t* a = order + start[r];
+    const int64_t* b = order + start[r + 1];
     int64_t reach = -1, arg = -1;
-    for (int64_t* it = a; it != b; ++it) {
+    for (const int64_t* it = a; it != b; ++it) {
       const int64_t i = *it;
       if (it != a && reach >= x0[i]) {
         out_a[count] = face[arg];
