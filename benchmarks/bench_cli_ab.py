@@ -8,7 +8,9 @@ timed one after the other in alternation, in fresh processes, see the same load.
 source folder (``git archive COMMIT src | tar -x -C DIR`` makes one); the other is this checkout's
 ``src``. Each run is ``python -m microdreamer.cli mesh ... --profile --overwrite`` with PYTHONPATH set to
 its tree; the JSON records every run's wall clock, the load average before it, and the stages its
-``--profile`` printed, then the minimum and median per version. A table is printed last.
+``--profile`` printed, then the minimum and median per version. A table is printed last. Each tree first
+runs ``--warmup`` untimed times (default 1), so that neither pays a one-off cost in the timed rounds (the
+C++ CPU kernels of a tree whose sources differ are compiled on its first run, ``.pyc`` files written).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="the other source tree (its src folder)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs of each tree first")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the runs (default: unset)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("mesh_args", nargs=argparse.REMAINDER, help="-- SPLAT [mesh flags]")
@@ -65,6 +68,9 @@ def main() -> None:
     trees = {"before": args.before.resolve(), "after": ROOT / "src"}
     runs: dict[str, list[dict]] = {k: [] for k in trees}
     with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.warmup):
+            for name in ("after", "before"):
+                one_run(trees[name], mesh_args, Path(tmp) / f"{name}.glb", args.threads)
         for _ in range(args.rounds):
             for name in ("after", "before"):
                 run = one_run(trees[name], mesh_args, Path(tmp) / f"{name}.glb", args.threads)
@@ -81,7 +87,8 @@ def main() -> None:
         }
     if args.out:
         save_result(args.out, {"trees": {k: str(v) for k, v in trees.items()}, "mesh_args": mesh_args,
-                               "threads": args.threads, "runs": runs, "summary": summary})  # fmt: skip
+                               "threads": args.threads, "warmup": args.warmup, "runs": runs,
+                               "summary": summary})  # fmt: skip
     names = list(summary["after"]["median_stages_s"])
     print(f"\n{'stage':<20}{'before':>9}{'after':>9}   (medians of {args.rounds} runs, seconds)")
     for k in names:
