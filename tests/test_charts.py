@@ -705,7 +705,9 @@ def test_cpp_run_conflicts_equal_torch(seed):
     ties = (row, x0, x0 + torch.randint(0, 4, (p,), generator=g), torch.randint(0, 50, (p,), generator=g))
     # starts far from 0 and rows with no runs between others (the counting sorts' ranges)
     sparse = (ties[0] * 3, ties[1] + 500, ties[2] + 500, ties[3])
-    for runs, width in ((spans, 40), (ties, 12), (sparse, 512)):
+    # starts spread far wider than the runs are many (the kernel sorts each row instead of counting)
+    spread = (ties[0], ties[1] * 10**9, ties[2] + ties[1] * (10**9 - 1), ties[3])
+    for runs, width in ((spans, 40), (ties, 12), (sparse, 512), (spread, 8 * 10**9)):
         want = _conflicts(*runs, width)
         got = _conflicts(*runs, width, backend="cpp")
         assert want[0].numel() > 50

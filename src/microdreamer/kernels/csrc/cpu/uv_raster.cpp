@@ -155,20 +155,28 @@ extern "C" int64_t md_run_conflicts(const int64_t* row, const int64_t* x0, const
                                    const int64_t* face, int64_t p_count, int64_t height,
                                    int64_t* order, int64_t* start,  // [P], [height + 1] scratch
                                    int64_t* out_a, int64_t* out_b) {
-  // the runs in (row, x0) order, ties in input order: a stable counting sort by x0, then one by row
+  // the runs in (row, x0) order, ties in input order: a stable counting sort by x0 and then one by row
+  // where the starts span a range of the order of the runs' count (a grid's width), else the counting
+  // sort by row and a stable sort by x0 within each row
   std::fill(start, start + height + 1, 0);
   for (int64_t i = 0; i < p_count; ++i) ++start[row[i] + 1];
   for (int64_t r = 0; r < height; ++r) start[r + 1] += start[r];
-  {
-    const auto [lo, hi] = std::minmax_element(x0, x0 + p_count);
-    const int64_t x_min = *lo;
-    std::vector<int64_t> next(static_cast<size_t>(*hi - x_min + 2), 0);
-    for (int64_t i = 0; i < p_count; ++i) ++next[x0[i] - x_min + 1];
-    for (size_t k = 1; k < next.size(); ++k) next[k] += next[k - 1];
+  std::vector<int64_t> next(start, start + height);
+  const auto [lo, hi] = std::minmax_element(x0, x0 + p_count);
+  const int64_t x_min = *lo;
+  const uint64_t span = static_cast<uint64_t>(*hi) - static_cast<uint64_t>(x_min);
+  if (span <= 4 * static_cast<uint64_t>(p_count) + 4096) {
+    std::vector<int64_t> at_x(static_cast<size_t>(span) + 2, 0);
+    for (int64_t i = 0; i < p_count; ++i) ++at_x[x0[i] - x_min + 1];
+    for (size_t k = 1; k < at_x.size(); ++k) at_x[k] += at_x[k - 1];
     std::vector<int64_t> by_x(static_cast<size_t>(p_count));
-    for (int64_t i = 0; i < p_count; ++i) by_x[next[x0[i] - x_min]++] = i;
-    next.assign(start, start + height);
+    for (int64_t i = 0; i < p_count; ++i) by_x[at_x[x0[i] - x_min]++] = i;
     for (const int64_t i : by_x) order[next[row[i]]++] = i;
+  } else {
+    for (int64_t i = 0; i < p_count; ++i) order[next[row[i]]++] = i;
+    for (int64_t r = 0; r < height; ++r)
+      std::stable_sort(order + start[r], order + start[r + 1],
+                       [x0](int64_t u, int64_t v) { return x0[u] < x0[v]; });
   }
   int64_t count = 0;
   for (int64_t r = 0; r < height; ++r) {
