@@ -717,6 +717,8 @@ def test_cpp_run_conflicts_equal_torch(seed):
     assert all(t.numel() == 0 for t in _conflicts(*one, 12, backend="cpp"))
     with pytest.raises(ValueError, match="x0 <= x1"):
         cpu_kernels.run_conflicts(ties[0], ties[2], ties[1] - 1, ties[3])
+    with pytest.raises(ValueError, match="unknown"):
+        _conflicts(*ties, 12, backend="fast")
 
 
 @needs_cpp

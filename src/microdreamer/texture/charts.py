@@ -958,6 +958,8 @@ def _conflicts(
         from microdreamer.kernels import cpu
 
         return cpu.run_conflicts(row, x0, x1, face)
+    if backend != "torch":
+        raise ValueError(f"conflicts backend {backend!r} is unknown; use torch or cpp")
     if row.numel() < 2:
         return face[:0], face[:0]
     _, order = _stable_sort(row * (width + 1) + x0)
