@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -67,6 +68,7 @@ def load() -> ModuleType:
             )
         logger.info("building the microdreamer CUDA kernels (once per source and GPU change) in %s", folder)
         folder.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
         _module = cpp_extension.load(
             name=EXTENSION_NAME,
             sources=[str(CSRC / s) for s in SOURCES],
@@ -76,6 +78,7 @@ def load() -> ModuleType:
             verbose=False,
         )
         (folder / FINISHED).write_text(f"{EXTENSION_NAME}\n")
+        logger.info("built the microdreamer CUDA kernels in %.1f s", time.perf_counter() - started)
         return _module
 
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The device runs of a GPU round, one phase per call (each phase fits one 10-minute device command):
+#
+#   bash benchmarks/gpu_round.sh setup             # wheels from .whl/, samples from .devdata/samples
+#   bash benchmarks/gpu_round.sh first-use         # cold compile of our kernels and gsplat (a fresh cache)
+#   bash benchmarks/gpu_round.sh cuda-tests        # pytest -m cuda
+#   bash benchmarks/gpu_round.sh export            # bench_export at the open targets' cases
+#   bash benchmarks/gpu_round.sh generate          # generate, the modes, the batch, a single CLI call
+#   bash benchmarks/gpu_round.sh no-compiler       # mesh and generate with nvcc hidden
+#
+# Logs and JSON go to $OUT (the device tool's output folder; ./out elsewhere). On the device there is no
+# network: the packages the image lacks travel as wheels in .whl/ (installed into /tmp/site), the shared
+# samples as .devdata/samples (put where the tests look for them, ../shared/samples).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export PATH=/tmp/bin:$PATH
+
+setup() {
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl || return 1
+  fi
+  if [ -d .devdata/samples ] && [ ! -d ../shared/samples ]; then
+    mkdir -p ../shared && cp -r .devdata/samples ../shared/
+  fi
+  mkdir -p /tmp/bin
+  printf '#!/bin/sh\nexec python3 -c "import sys; from microdreamer.cli import main; sys.exit(main())" "$@"\n' \
+    >/tmp/bin/microdreamer
+  chmod +x /tmp/bin/microdreamer
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
+  python3 -c "import torch, gsplat, diffusers, transformers; print('torch', torch.__version__, 'gsplat', gsplat.__version__, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)"
+  git log -1 --format='commit %H' 2>/dev/null || true
+}
+
+first_use() {
+  # a user's first `microdreamer mesh` on a GPU: both compiles in one process, then the same command warm
+  local cache=/tmp/ext_cold
+  rm -rf "$cache" /tmp/fu
+  mkdir -p /tmp/fu
+  local ply=../shared/samples/splats/dg_ghost_amd_17k.ply
+  for run in cold warm; do
+    local t0=$(date +%s.%N)
+    TORCH_EXTENSIONS_DIR=$cache microdreamer -v mesh "$ply" -o /tmp/fu/ghost_$run.glb --device cuda \
+      >"$OUT/first_use_$run.log" 2>&1
+    local rc=$?
+    local t1=$(date +%s.%N)
+    echo "first-use $run: rc $rc wall $(python3 -c "print(round($t1 - $t0, 2))") s"
+    grep -E "built the microdreamer|gsplat: CUDA extension|Setting up CUDA|error" "$OUT/first_use_$run.log" | head -5
+  done
+  du -sh "$cache"/* 2>/dev/null
+}
+
+cuda_tests() {
+  python3 -m pytest -m cuda -q -p no:cacheprovider -rfE "$@" 2>&1 | tee "$OUT/cuda_tests.log" | tail -40
+}
+
+export_bench() {
+  python3 benchmarks/bench_export.py --device cuda --cases ghost@128,guitar@256,creative@128,fruit@128,synth1M@512 \
+    --repeat 3 --cli-repeat 3 --chart guitar@256 --out "$OUT/export_h200.json" 2>&1 | tail -40
+}
+
+phase=${1:-}
+shift || true
+case "$phase" in
+  setup) setup ;;
+  first-use) setup && first_use ;;
+  cuda-tests) setup && cuda_tests "$@" ;;
+  export) setup && export_bench ;;
+  round1)  # one call: the cold compile, the CUDA tests on its build, the export timings
+    setup || exit 1
+    first_use
+    export TORCH_EXTENSIONS_DIR=/tmp/ext_cold
+    timeout 330 bash -c "$(declare -f cuda_tests); cuda_tests"
+    timeout 200 bash -c "$(declare -f export_bench); export_bench" ;;
+  *) echo "usage: $0 setup|first-use|cuda-tests|export|round1" >&2; exit 2 ;;
+esac
