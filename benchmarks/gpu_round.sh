@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_round.sh cuda-tests        # pytest -m cuda
 #   bash benchmarks/gpu_round.sh export            # bench_export at the open targets' cases
 #   bash benchmarks/gpu_round.sh generate          # generate, the modes, the batch, a single CLI call
-#   bash benchmarks/gpu_round.sh no-compiler       # mesh and generate with nvcc hidden
+#   bash benchmarks/gpu_round.sh no-compiler       # mesh, generate and reconstruct with nvcc hidden
+#   bash benchmarks/gpu_round.sh round1|round2     # phases grouped into one call each
 #
 # Logs and JSON go to $OUT (the device tool's output folder; ./out elsewhere). On the device there is no
 # network: the packages the image lacks travel as wheels in .whl/ (installed into /tmp/site), the shared
@@ -62,6 +63,44 @@ export_bench() {
     --repeat 3 --cli-repeat 3 --chart guitar@256 --out "$OUT/export_h200.json" 2>&1 | tail -40
 }
 
+generate_bench() {
+  # generate at its defaults (3 runs after one model build), the text and image+text modes, the batch's
+  # steady state and single CLI calls (start-up included), all on full-size random weights
+  python3 benchmarks/bench_generate.py --random-weights full --iters "${ITERS:-21}" --repeats 3 --out /tmp/bg \
+    --json "$OUT/generate_h200.json" 2>&1 | tail -25
+  python3 benchmarks/bench_modes.py --random-weights full --repeats 3 --out /tmp/bm --json "$OUT/modes_h200.json" \
+    2>&1 | tail -15
+  python3 benchmarks/bench_batch.py --random-weights full --inputs 6 --singles 2 --no-probes --out /tmp/bb \
+    --json "$OUT/batch_h200.json" 2>&1 | tail -20
+}
+
+no_compiler() {
+  # a GPU with no CUDA compiler: nvcc off PATH, CUDA_HOME pointing at no toolkit, an empty extensions cache
+  local path
+  path=$(echo "$PATH" | tr ':' '\n' | while read -r d; do [ -x "$d/nvcc" ] || echo "$d"; done | paste -sd:)
+  local ply=../shared/samples/splats
+  rm -rf /tmp/nc /tmp/ext_none && mkdir -p /tmp/nc
+  env PATH="$path" CUDA_HOME=/nonexistent TORCH_EXTENSIONS_DIR=/tmp/ext_none bash -c '
+    echo "nvcc: $(command -v nvcc || echo none)"
+    python3 -c "from microdreamer.kernels import _backend; print(\"toolkit:\", _backend.toolkit())"
+    for case in dg_ghost_amd_17k pc_guitar_91k_sh0.decoded; do
+      for run in 1 2; do
+        t0=$(date +%s.%N)
+        microdreamer mesh '"$ply"'/$case.ply -o /tmp/nc/$case.glb --overwrite --device cuda 2>&1 | grep -v "^  "
+        echo "no-compiler mesh $case run $run: wall $(python3 -c "print(round($(date +%s.%N) - $t0, 2))") s"
+      done
+    done
+    t0=$(date +%s.%N)
+    microdreamer generate ../shared/samples/images/ghost_rgba.png -o /tmp/nc/gen --random-weights full 2>&1 | tail -6
+    echo "no-compiler generate: wall $(python3 -c "print(round($(date +%s.%N) - $t0, 2))") s"
+    microdreamer render-views ../shared/samples/meshes/spot/spot_triangulated.obj \
+      --texture ../shared/samples/meshes/spot/spot_texture.png -o /tmp/nc/spot --views 16 >/dev/null 2>&1
+    t0=$(date +%s.%N)
+    microdreamer reconstruct /tmp/nc/spot -o /tmp/nc/rec --iters 500 2>&1 | tail -4
+    echo "no-compiler reconstruct (500 iters): wall $(python3 -c "print(round($(date +%s.%N) - $t0, 2))") s"
+  ' 2>&1 | tee "$OUT/no_compiler.log"
+}
+
 phase=${1:-}
 shift || true
 case "$phase" in
@@ -69,11 +108,17 @@ case "$phase" in
   first-use) setup && first_use ;;
   cuda-tests) setup && cuda_tests "$@" ;;
   export) setup && export_bench ;;
+  generate) setup && generate_bench ;;
+  no-compiler) setup && no_compiler ;;
+  round2)  # one call: the no-compiler runs first (nothing cached), then generate's timings
+    setup || exit 1
+    timeout 200 bash -c "$(declare -f no_compiler); no_compiler"
+    generate_bench ;;
   round1)  # one call: the cold compile, the CUDA tests on its build, the export timings
     setup || exit 1
     first_use
     export TORCH_EXTENSIONS_DIR=/tmp/ext_cold
     timeout 330 bash -c "$(declare -f cuda_tests); cuda_tests"
     timeout 200 bash -c "$(declare -f export_bench); export_bench" ;;
-  *) echo "usage: $0 setup|first-use|cuda-tests|export|round1" >&2; exit 2 ;;
+  *) echo "usage: $0 setup|first-use|cuda-tests|export|generate|no-compiler|round1|round2" >&2; exit 2 ;;
 esac

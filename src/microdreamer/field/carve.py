@@ -354,11 +354,15 @@ def projected_alphas(
     ``backend``: ``"torch"`` (the pairs of every direction grouped by box size and evaluated as dense
     blocks, ``max_pairs`` at a time), ``"cuda"`` (one launch of :func:`microdreamer.kernels.carve_alpha` for
     every direction: the same float32 terms, summed in fixed point, so the result does not depend on the
-    order of the GPU's atomics) or ``"auto"`` (cuda for Gaussians on a CUDA device).
+    order of the GPU's atomics) or ``"auto"`` (cuda for Gaussians on a CUDA device where the kernels load).
     """
     device = prepared.means.device
     if backend == "auto":
-        backend = "cuda" if device.type == "cuda" else "torch"
+        backend = "torch"
+        if device.type == "cuda":
+            from microdreamer.kernels import _backend
+
+            backend = "cuda" if _backend.usable() else "torch"
     if backend not in ("torch", "cuda"):
         raise ValueError(f"unknown carving backend {backend!r}; use auto, torch or cuda")
     if not bases:

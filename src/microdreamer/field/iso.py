@@ -162,7 +162,7 @@ def auto_iso_level(
     if raw.means.is_cuda:  # the carving kernel, float32 terms summed in fixed point (one launch)
         r = grid.resolution
         bases = [torch.eye(3, dtype=torch.float64)[[b for b in range(3) if b != a]] for a in range(3)]
-        alphas = projected_alphas(raw, bases, [((-1.0, -1.0), (r, r))] * 3, 2.0 / (r - 1), backend="cuda")
+        alphas = projected_alphas(raw, bases, [((-1.0, -1.0), (r, r))] * 3, 2.0 / (r - 1), backend="auto")
     else:
         alphas = [column_alpha(raw, grid, a) for a in range(3)]
     values = values.to(raw.means.device)

@@ -290,12 +290,12 @@ class MeshJob(BatchJob):
         seconds = {"imports": time.perf_counter() - t}
         if self._device.type == "cuda":
             t = time.perf_counter()
-            try:  # compiled once, then cached on disk by torch; a failure shows where it is needed
-                from microdreamer.kernels import _backend
+            from microdreamer.kernels import _backend
+            from microdreamer.render import gaussians
 
-                _backend.load()
-            except RuntimeError as e:
-                logger.warning("the field kernels did not load (%s); the first splat will say why", e)
+            # compiled once, then cached on disk; without a compiler the PyTorch paths (said once)
+            _backend.usable()
+            gaussians.resolve_backend("auto", self._device, needs_grad=False)
             seconds["kernels"] = time.perf_counter() - t
         t = time.perf_counter()
         from microdreamer.kernels import cpu

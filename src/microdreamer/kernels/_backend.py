@@ -32,6 +32,7 @@ CUDA_CFLAGS = ["-O3", "-std=c++17"]
 FINISHED = "finished"
 
 _module: ModuleType | None = None
+_failure: RuntimeError | None = None
 _lock = threading.Lock()
 
 
@@ -39,47 +40,108 @@ def load() -> ModuleType:
     """The compiled extension; builds it on the first call in a process (cached across processes).
 
     Raises:
-        RuntimeError: no CUDA build of PyTorch, no GPU, or no CUDA toolkit to build with.
+        RuntimeError: no CUDA build of PyTorch, no GPU, no CUDA toolkit to build with (:class:`NoCompiler`),
+            or the build failed; a failure is remembered, so a process tries to build once.
     """
-    global _module
+    global _module, _failure
     if _module is not None:
         return _module
     with _lock:
         if _module is not None:
             return _module
-        import torch
-
-        if torch.version.cuda is None or not torch.cuda.is_available():
-            raise RuntimeError(
-                f"the microdreamer CUDA kernels need a CUDA GPU and a CUDA build of PyTorch (torch "
-                f"{torch.__version__}, CUDA available: {torch.cuda.is_available()}); use backend='torch'"
-            )
-        folder = build_folder()
-        built = folder / f"{EXTENSION_NAME}.so"
-        if (folder / FINISHED).is_file() and built.is_file():
-            _module = _import_built(built)
-            return _module
-        from torch.utils import cpp_extension
-
-        if cpp_extension.CUDA_HOME is None:
-            raise RuntimeError(
-                f"cannot build the microdreamer CUDA kernels: no CUDA toolkit found (nvcc); install the CUDA "
-                f"toolkit matching torch's CUDA {torch.version.cuda} and set CUDA_HOME, or use backend='torch'"
-            )
-        logger.info("building the microdreamer CUDA kernels (once per source and GPU change) in %s", folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        _module = cpp_extension.load(
-            name=EXTENSION_NAME,
-            sources=[str(CSRC / s) for s in SOURCES],
-            extra_cflags=CFLAGS,
-            extra_cuda_cflags=CUDA_CFLAGS,
-            build_directory=str(folder),
-            verbose=False,
-        )
-        (folder / FINISHED).write_text(f"{EXTENSION_NAME}\n")
-        logger.info("built the microdreamer CUDA kernels in %.1f s", time.perf_counter() - started)
+        if _failure is not None:
+            raise _failure
+        try:
+            _module = _load()
+        except RuntimeError as e:
+            _failure = e
+            raise
+        except Exception as e:  # a compiler's or linker's error of any other kind: the build failed
+            _failure = RuntimeError(f"{type(e).__name__}: {e}")
+            raise _failure from e
         return _module
+
+
+class NoCompiler(RuntimeError):
+    """No CUDA toolkit (``nvcc``) to build the kernels with, and no finished build of them."""
+
+
+def toolkit() -> str | None:
+    """The CUDA toolkit's ``nvcc`` that a build would use (PyTorch's ``CUDA_HOME``: the ``CUDA_HOME``
+    variable, else ``nvcc`` on ``PATH``, else ``/usr/local/cuda``), or None when there is none: the case of
+    the usual pip install of PyTorch, which ships the CUDA libraries but no compiler."""
+    import shutil
+
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    if home is not None and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def finished_build_exists() -> bool:
+    """True when this machine's cache holds a finished build for these sources and GPUs (needs CUDA)."""
+    import torch
+
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return False
+    folder = build_folder()
+    return (folder / FINISHED).is_file() and (folder / f"{EXTENSION_NAME}.so").is_file()
+
+
+def _load() -> ModuleType:
+    import torch
+
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        raise RuntimeError(
+            f"the microdreamer CUDA kernels need a CUDA GPU and a CUDA build of PyTorch (torch "
+            f"{torch.__version__}, CUDA available: {torch.cuda.is_available()}); use backend='torch'"
+        )
+    folder = build_folder()
+    if finished_build_exists():
+        return _import_built(folder / f"{EXTENSION_NAME}.so")
+    if toolkit() is None:
+        raise NoCompiler(
+            f"cannot build the microdreamer CUDA kernels: no CUDA toolkit found (nvcc); install the CUDA "
+            f"toolkit matching torch's CUDA {torch.version.cuda} and set CUDA_HOME, or use backend='torch'"
+        )
+    from torch.utils import cpp_extension
+
+    logger.info("building the microdreamer CUDA kernels (once per source and GPU change) in %s", folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    module = cpp_extension.load(
+        name=EXTENSION_NAME,
+        sources=[str(CSRC / s) for s in SOURCES],
+        extra_cflags=CFLAGS,
+        extra_cuda_cflags=CUDA_CFLAGS,
+        build_directory=str(folder),
+        verbose=False,
+    )
+    (folder / FINISHED).write_text(f"{EXTENSION_NAME}\n")
+    logger.info("built the microdreamer CUDA kernels in %.1f s", time.perf_counter() - started)
+    return module
+
+
+def usable() -> bool:
+    """True when the kernels load on this machine's GPU (building them now if needed: tens of seconds,
+    once). False when they cannot: then ``backend="auto"`` choices on a GPU take the PyTorch paths, and
+    :mod:`microdreamer.kernels.fallback` says once, in one line, what is slower and how to get the fast
+    path."""
+    from microdreamer.kernels import fallback
+
+    try:
+        load()
+    except NoCompiler:
+        fallback.no_compiler()
+        return False
+    except RuntimeError as e:
+        fallback.build_failed(
+            "the microdreamer CUDA kernels", str(e), "the density field and silhouette carving"
+        )
+        return False
+    return True
 
 
 def build_key() -> str:

@@ -27,6 +27,52 @@ from microdreamer.splat import SH_C0, Splat
 EPS2D = 0.3  # added to the 2D covariance's diagonal (gsplat's and 3DGS's default)
 
 
+def installed() -> bool:
+    """True when the gsplat package is installed (nothing imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec("gsplat") is not None
+
+
+def prebuilt() -> bool:
+    """True when the installed gsplat carries a compiled extension (``gsplat/csrc*.so``, its prebuilt
+    wheels), so it needs no compiler; found without importing gsplat."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("gsplat")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any(
+        any(Path(p).glob("csrc*.so")) or any(Path(p).glob("csrc*.pyd"))
+        for p in spec.submodule_search_locations
+    )
+
+
+@functools.cache
+def usable() -> bool:
+    """True when gsplat's CUDA code loads (compiling it now if needed: a few minutes, once, cached under
+    ``~/.cache/torch_extensions``). False when gsplat is not installed, when there is no prebuilt extension
+    and no CUDA compiler, or when its build fails: then ``backend="auto"`` on a GPU takes the PyTorch
+    rasteriser, and :mod:`microdreamer.kernels.fallback` says so once."""
+    from microdreamer.kernels import _backend, fallback
+
+    if not installed():
+        return False
+    if not prebuilt() and _backend.toolkit() is None:
+        fallback.no_compiler()
+        return False
+    try:
+        from gsplat.cuda._backend import _C
+    except Exception as e:  # noqa: BLE001  (a compiler's or linker's error of any kind: the build failed)
+        fallback.build_failed("gsplat's CUDA code", f"{type(e).__name__}: {e}", "splat rendering (gsplat)")
+        return False
+    if _C is None:  # gsplat looked for a toolkit its own way and found none
+        fallback.no_compiler()
+        return False
+    return True
+
+
 @functools.cache
 def _gsplat_version() -> tuple[int, int]:
     import gsplat

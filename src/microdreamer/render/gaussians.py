@@ -98,7 +98,10 @@ def resolve_backend(backend: str, device: torch.device, needs_grad: bool = True)
         raise ValueError(f"render backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
         if device.type == "cuda" and gsplat_available():
-            return "gsplat"
+            from microdreamer.render import _gsplat
+
+            if _gsplat.usable():  # else the one-line notice of what is slower, and the PyTorch rasteriser
+                return "gsplat"
         if device.type == "cpu" and not needs_grad:
             from microdreamer.kernels import cpu
 
@@ -118,6 +121,13 @@ def resolve_backend(backend: str, device: torch.device, needs_grad: bool = True)
             raise ValueError("render backend 'gsplat' needs CUDA tensors; use backend='torch' on the CPU")
         if not gsplat_available():
             raise ImportError("render backend 'gsplat' needs the gsplat package: pip install gsplat")
+        from microdreamer.render import _gsplat
+
+        if not _gsplat.usable():
+            raise RuntimeError(
+                "render backend 'gsplat' could not load its CUDA code (no CUDA compiler, or its build failed: "
+                "see the warning above); use backend='auto' or 'torch'"
+            )
     return backend
 
 
