@@ -118,7 +118,7 @@ case "$phase" in
     setup || exit 1
     first_use
     export TORCH_EXTENSIONS_DIR=/tmp/ext_cold
-    timeout 330 bash -c "$(declare -f cuda_tests); cuda_tests"
-    timeout 200 bash -c "$(declare -f export_bench); export_bench" ;;
+    timeout 290 bash -c "$(declare -f cuda_tests); cuda_tests"
+    timeout 170 bash -c "$(declare -f export_bench); export_bench" ;;
   *) echo "usage: $0 setup|first-use|cuda-tests|export|generate|no-compiler|round1|round2" >&2; exit 2 ;;
 esac
