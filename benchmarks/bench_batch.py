@@ -98,7 +98,6 @@ def saved_model(root: Path, size: str, device: str) -> Path:
 
 def save_partial(path: str, result: dict) -> None:
     """Write the JSON as it stands (after each phase; the last write has every number)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import save_result
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)

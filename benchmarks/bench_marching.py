@@ -39,7 +39,6 @@ from _common import hardware, save_result  # benchmarks/ is on sys.path when run
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / ".." / "shared" / "samples"
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def sync(device: torch.device) -> None:

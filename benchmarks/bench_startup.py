@@ -84,7 +84,6 @@ def main() -> None:
     ap.add_argument("--no-importtime", action="store_true")
     ap.add_argument("--json", default="benchmarks/results/startup_cpu.json")
     args = ap.parse_args()
-    sys.path.insert(0, str(HERE))
     from _common import save_result
     from bench_batch import saved_model
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -55,7 +54,6 @@ from _common import save_result  # benchmarks/ is on sys.path when run as a scri
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / ".." / "shared" / "samples"
 RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT / "tests"))
 
 SPLATS = {
     "creative": ("dg_creative_tmp_8.8k.ply", 128),
@@ -93,7 +91,7 @@ def load_case(name: str, cache: Path, device: torch.device):
     from microdreamer.mesh import Mesh
 
     if name == "blob":
-        from test_charts import noisy_blob
+        from microdreamer.synthetic import noisy_blob
 
         mesh = noisy_blob(330_000)
         return mesh, surface_splat_of(mesh, 60_000), None

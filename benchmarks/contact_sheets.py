@@ -68,7 +68,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "issue28")
     ap.add_argument("--size", type=int, default=160)
     args = ap.parse_args()
-    sys.path.insert(0, str(args.after))
     from microdreamer.jobs.turntable import save_labelled_sheet
 
     args.out.mkdir(parents=True, exist_ok=True)

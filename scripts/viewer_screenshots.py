@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from microdreamer.viewer import build_viewer, serve
 
-from microdreamer.viewer import build_viewer, serve  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -12,6 +12,7 @@ import trimesh
 from microdreamer.errors import InputError
 from microdreamer.kernels import cpu as cpu_kernels
 from microdreamer.mesh import Mesh
+from microdreamer.synthetic import noisy_blob
 from microdreamer.texture import TextureConfig, texture_mesh
 from microdreamer.texture.charts import (
     DIRECTION_SETS,
@@ -42,18 +43,6 @@ def noisy_sphere(subdivisions: int = 4, noise: float = 0.03, seed: int = 0) -> M
     rng = np.random.default_rng(seed)
     scale = 1.0 + noise * rng.standard_normal((m.num_vertices, 1))
     return Mesh(m.vertices * scale, m.faces)
-
-
-def noisy_blob(faces: int, noise: float = 0.002, seed: int = 0) -> Mesh:
-    """About ``faces`` faces of a lumpy closed surface (a sphere with low-frequency bumps) with per-vertex
-    noise of ``noise`` (relative): the synthetic noisy capture of the benchmark."""
-    sub = max(1, int(round(math.log(max(faces, 80) / 20) / math.log(4))))
-    t = trimesh.creation.icosphere(subdivisions=sub, radius=1.0)
-    p = np.asarray(t.vertices)
-    bumps = 1 + 0.15 * np.sin(3 * p[:, 0]) * np.cos(2 * p[:, 1]) + 0.1 * np.sin(5 * p[:, 2] + 1)
-    rng = np.random.default_rng(seed)
-    r = bumps * (1 + noise * rng.standard_normal(len(p)))
-    return Mesh(0.5 * p * r[:, None], t.faces)
 
 
 def cube() -> Mesh:

@@ -289,3 +289,17 @@ def snowman_splat(n: int = 3000, seed: int = 0) -> Splat:
     scales = torch.full((n, 3), 0.03)
     quats = torch.nn.functional.normalize(torch.randn(n, 4, generator=g), dim=-1)
     return Splat.from_activated(means, scales, quats, torch.full((n,), 0.9), colors)
+
+
+def noisy_blob(faces: int, noise: float = 0.002, seed: int = 0) -> Mesh:
+    """About ``faces`` faces of a lumpy closed surface (a sphere with low-frequency bumps) with per-vertex
+    noise of ``noise`` (relative): the synthetic noisy capture of the benchmark."""
+    sub = max(1, int(round(math.log(max(faces, 80) / 20) / math.log(4))))
+    import trimesh
+
+    t = trimesh.creation.icosphere(subdivisions=sub, radius=1.0)
+    p = np.asarray(t.vertices)
+    bumps = 1 + 0.15 * np.sin(3 * p[:, 0]) * np.cos(2 * p[:, 1]) + 0.1 * np.sin(5 * p[:, 2] + 1)
+    rng = np.random.default_rng(seed)
+    r = bumps * (1 + noise * rng.standard_normal(len(p)))
+    return Mesh(0.5 * p * r[:, None], t.faces)
