@@ -15,7 +15,7 @@ import torch
 
 
 def hardware(**extra) -> dict:
-    """Python, torch, CPU model and cores, load average, and the GPU (name, SMs, memory, CUDA,
+    """The date, Python, torch, CPU model and cores, load average, and the GPU (name, SMs, memory, CUDA,
     nvidia-smi clocks) and gsplat version when present; ``extra`` keys are added as given."""
     cpu = platform.processor() or platform.machine()
     try:
@@ -26,6 +26,7 @@ def hardware(**extra) -> dict:
     except OSError:
         pass
     info = {
+        "date": time.strftime("%Y-%m-%d"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu": cpu,
