@@ -59,8 +59,8 @@ cuda_tests() {
 }
 
 export_bench() {
-  python3 benchmarks/bench_export.py --device cuda --cases ghost@128,guitar@256,creative@128,fruit@128,synth1M@512 \
-    --repeat 3 --cli-repeat 3 --chart guitar@256 --out "$OUT/export_h200.json" 2>&1 | tail -40
+  python3 benchmarks/bench_export.py --device cuda --cases "${CASES:-ghost@128,guitar@256,synth1M@512}" \
+    --repeat 3 --cli-repeat 2 --chart guitar@256 --out "$OUT/export_h200.json" 2>&1 | tail -40
 }
 
 generate_bench() {
@@ -110,15 +110,15 @@ case "$phase" in
   export) setup && export_bench ;;
   generate) setup && generate_bench ;;
   no-compiler) setup && no_compiler ;;
-  round2)  # one call: the no-compiler runs first (nothing cached), then generate's timings
+  round2)  # one call: generate's timings
     setup || exit 1
-    timeout 200 bash -c "$(declare -f no_compiler); no_compiler"
     generate_bench ;;
-  round1)  # one call: the cold compile, the CUDA tests on its build, the export timings
+  round1)  # one call: the cold compile, the CUDA tests on its build, the export timings, no compiler
     setup || exit 1
     first_use
     export TORCH_EXTENSIONS_DIR=/tmp/ext_cold
-    timeout 290 bash -c "$(declare -f cuda_tests); cuda_tests"
-    timeout 170 bash -c "$(declare -f export_bench); export_bench" ;;
+    timeout 240 bash -c "$(declare -f cuda_tests); cuda_tests"
+    timeout 130 bash -c "$(declare -f export_bench); export_bench"
+    timeout 120 bash -c "$(declare -f no_compiler); no_compiler" ;;
   *) echo "usage: $0 setup|first-use|cuda-tests|export|generate|no-compiler|round1|round2" >&2; exit 2 ;;
 esac
