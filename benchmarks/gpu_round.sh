@@ -96,8 +96,8 @@ no_compiler() {
     microdreamer render-views ../shared/samples/meshes/spot/spot_triangulated.obj \
       --texture ../shared/samples/meshes/spot/spot_texture.png -o /tmp/nc/spot --views 16 >/dev/null 2>&1
     t0=$(date +%s.%N)
-    microdreamer reconstruct /tmp/nc/spot -o /tmp/nc/rec --iters 500 2>&1 | tail -4
-    echo "no-compiler reconstruct (500 iters): wall $(python3 -c "print(round($(date +%s.%N) - $t0, 2))") s"
+    microdreamer reconstruct /tmp/nc/spot -o /tmp/nc/rec --iters 300 2>&1 | tail -4
+    echo "no-compiler reconstruct (300 iters): wall $(python3 -c "print(round($(date +%s.%N) - $t0, 2))") s"
   ' 2>&1 | tee "$OUT/no_compiler.log"
 }
 
