@@ -15,7 +15,7 @@ from microdreamer.errors import InputError
 from microdreamer.jobs import turntable
 from microdreamer.jobs.turntable import (
     contact_sheet,
-    is_splat_ply,
+    is_splat,
     load_renderable,
     render_turntable,
     turntable_frames,
@@ -115,7 +115,7 @@ def test_splat_and_mesh_files_load_and_render(tmp_path):
     splat_path = tmp_path / "splat.ply"
     write_ply(tiny_splat(), splat_path)
     mesh_path = save_mesh(side_cube(), tmp_path / "cube.ply")
-    assert is_splat_ply(splat_path) and not is_splat_ply(mesh_path)
+    assert is_splat(splat_path) and not is_splat(mesh_path)
     assert isinstance(load_renderable(splat_path), Splat)
     assert load_renderable(mesh_path).num_faces == 12
     sheet = render_turntable(splat_path, tmp_path / "splat.png", TurntableConfig(size=16), progress=False)

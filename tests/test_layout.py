@@ -99,12 +99,18 @@ def test_config_and_errors_import_no_stage(module):
     assert heavy == set(), "config and errors must stay cheap to import (the CLI builds its flags from them)"
 
 
-def test_the_splat_reader_imports_no_torch():
-    """``mesh`` and ``render`` read their splat with splat_ply before torch (~1 s) is imported."""
-    names = imported_modules(PACKAGE / "splat_ply.py")
+@pytest.mark.parametrize(
+    "module", sorted(p.name for p in (PACKAGE / "formats").glob("*.py")) + ["../splat_ply.py"]
+)
+def test_the_splat_readers_import_no_torch(module):
+    """``mesh``, ``render`` and ``convert`` read their splat with formats/ before torch (~1 s) is imported."""
+    names = imported_modules((PACKAGE / "formats" / module).resolve())
     assert "torch" not in {n.split(".")[0] for n in names}
-    assert {n for n in names if n.startswith("microdreamer")} <= {
+    assert {
+        n for n in names if n.startswith("microdreamer") and not n.startswith("microdreamer.formats")
+    } <= {
         "microdreamer.errors",
         "microdreamer.progress",
+        "microdreamer.io_utils",
     }
     assert "torch" not in {n.split(".")[0] for n in imported_modules(PACKAGE / "progress.py")}

@@ -83,9 +83,9 @@ COMMANDS = (
     ),
     Command(
         "mesh",
-        "convert a 3DGS .ply splat into a mesh (.glb, .obj or .ply)",
+        "convert a splat (3DGS PLY, compressed PLY, SPZ, SOG, .splat, .ksplat, glTF) into a mesh (.glb, .obj or .ply)",
         config.ExportConfig,
-        (("splat", "SPLAT.ply", "input splat(s), INRIA 3DGS PLY layout, or a folder of them (a batch)"),),
+        (("splat", "SPLAT", "input splat(s) in any splat format, or a folder of them (a batch)"),),
         (
             "OUT.{glb,obj,ply}|DIR/",
             True,
@@ -163,7 +163,7 @@ COMMANDS = (
         "render",
         "turntable of a mesh or splat: .mp4, .gif, or .png (8-view contact sheet)",
         config.TurntableConfig,
-        (("source", "MESH_OR_SPLAT", "a mesh (GLB, OBJ, PLY) or a 3DGS splat (.ply)"),),
+        (("source", "MESH_OR_SPLAT", "a mesh (GLB, OBJ, PLY) or a splat in any splat format"),),
         ("turntable.{mp4,gif,png}", True, "turntable.mp4, turntable.gif or views.png"),
         (
             Flag("--frames", "frames"),
@@ -181,7 +181,7 @@ COMMANDS = (
             (
                 "paths",
                 "PATH...",
-                "meshes (.glb, .obj), splats (.ply) or output folders of mesh/reconstruct/generate",
+                "meshes (.glb, .obj), splats (any splat format) or output folders of mesh/reconstruct/generate",
                 "+",
             ),
         ),
@@ -196,11 +196,29 @@ COMMANDS = (
         config.ExportConfig,
         (
             ("what", "scaling", "what to profile: scaling (stage seconds against the grid resolution)"),
-            ("splat", "SPLAT.ply", "input splat, INRIA 3DGS PLY layout"),
+            ("splat", "SPLAT", "input splat, any splat format"),
         ),
         ("DIR", False, "output folder: scaling.json, scaling.png"),
         (Flag("--texture", "texture.mode"),),
         output_default="out/profile",
+    ),
+    Command(
+        "convert",
+        "convert a splat between formats: 3DGS PLY, compressed PLY, SPZ, SOG, .splat, .ksplat, glTF",
+        None,
+        (
+            ("source", "SPLAT", "input splat in any format (chosen by its content)"),
+            ("target", "OUT", "output splat (or give it as -o OUT)", "?"),
+        ),
+        (
+            "OUT.{ply,compressed.ply,spz,sog,splat,ksplat,glb,gltf,spz.glb}|DIR/meta.json",
+            False,
+            "output splat, in the format its name says (.spz.glb: glTF with SPZ compression; meta.json: "
+            "a SOG folder)",
+        ),
+        (),
+        preset=False,
+        device=False,
     ),
     Command(
         "evaluate",
@@ -232,6 +250,15 @@ EXTRA = {
                                     "(seconds per stage, Amdahl bounds) into OUT/"}, None),
     ("generate", "--profile"): ({"action": "store_true", "help": "also write profile.json and profile.png "
                                  "(seconds per stage, Amdahl bounds) into OUT/"}, None),
+    ("generate", "--splat-formats"): ({"default": None, "metavar": "EXT,...", "help": "also write the splat "
+                                       "beside splat.ply in these formats (spz, sog, compressed.ply, splat, "
+                                       "ksplat, glb)"}, "EXT,..."),
+    ("reconstruct", "--splat-formats"): ({"default": None, "metavar": "EXT,...", "help": "also write the splat "
+                                          "beside splat.ply in these formats (spz, sog, compressed.ply, splat, "
+                                          "ksplat, glb)"}, "EXT,..."),
+    ("demo", "--splat-formats"): ({"default": None, "metavar": "EXT,...", "help": "also write the splat beside "
+                                   "splat.ply in these formats (spz, sog, compressed.ply, splat, ksplat, glb)"},
+                                  "EXT,..."),
     ("view", "--serve"): ({"action": "store_true", "help": "serve the folder on 127.0.0.1 and print its address "
                            "(Ctrl-C stops)"}, None),
     ("view", "--port"): ({"type": int, "default": 0, "metavar": "N", "help": "the server's port (default 0: a "
@@ -701,7 +728,7 @@ def _read_splat_before_torch(path: str):
     ``(arrays, None, seconds, started)``, or ``(None, error, seconds, started)`` for bad input, whose
     one-line error the caller raises after its own checks (device, grid memory); ``started`` is the
     :func:`time.perf_counter` at which the read began."""
-    from microdreamer.splat_ply import read_splat_arrays
+    from microdreamer.formats import read_splat_arrays
 
     started = time.perf_counter()
     try:
@@ -794,8 +821,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
     staged = _job_folder(args, (), [])
     print(f"demo on {device}: a coloured object built in code -> {cfg.views} + {cfg.held_out} held-out views at "
           f"{cfg.size}^2 -> {cfg.iters} reconstruction steps -> mesh")  # fmt: skip
+    _check_splat_formats(args)
     with staged as stage:
         m = run_demo(stage, cfg, device)
+        extra = _write_splat_formats(args, stage)
     m["paths"] = {k: Path(args.output) / Path(v).relative_to(stage) for k, v in m["paths"].items()}
     q = m["mesh_quality"]
     print(f"held-out views: PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.4f}; {m['num_gaussians']} Gaussians")
@@ -804,6 +833,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
     print(_seconds(m["seconds"], 2))
     for name, path in m["paths"].items():
         print(f"  {name:<8} {path}")
+    for name in extra:
+        print(f"  {'splat':<8} {Path(args.output) / name}")
 
 
 def cmd_render_views(args: argparse.Namespace) -> None:
@@ -840,15 +871,19 @@ def cmd_reconstruct(args: argparse.Namespace) -> None:
 
         check_grid_memory(cfg.export.field.resolution, device, PRESET_SETTINGS["resolution"])
     staged = _job_folder(args, ("splat.ply", "mesh.glb", "held_out_views.png", "metrics.json"), [])
+    _check_splat_formats(args)
     with staged as stage:
         metrics = reconstruct_dataset(args.data, stage, cfg, device=device)
+        extra = _write_splat_formats(args, stage)
     out = Path(args.output)
     psnr = metrics.get("psnr")
     print(f"Gaussians: {metrics.get('num_gaussians')}")
     if psnr is not None:
         print(f"held-out views: PSNR {psnr:.2f} dB, SSIM {metrics.get('ssim'):.4f}")
     print(_seconds(metrics.get("seconds", {}), 2))
-    files = ["splat.ply"] + (["mesh.glb"] if cfg.mesh else []) + [metrics.get("pictures"), "metrics.json"]
+    files = (
+        ["splat.ply", *extra] + (["mesh.glb"] if cfg.mesh else []) + [metrics.get("pictures"), "metrics.json"]
+    )
     if args.profile:
         _write_profile(metrics.get("seconds", {}), out, f"microdreamer reconstruct {Path(args.data).name}")
         files += ["profile.json", "profile.png"]
@@ -894,9 +929,11 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
     weights, _, _ = _sir_weights(cfg)
     update, close = _progress_bar("SIR iterations", cfg.sir.iterations, weights)
     try:
+        _check_splat_formats(args)
         with staged as folder:
             report = generate(args.image, folder, cfg, model=args.model, random_weights=args.random_weights,
                               device=device, progress=update, prompt=args.prompt, stage=_stage_printer())  # fmt: skip
+            extra = _write_splat_formats(args, folder)
     finally:
         close()
     stages = report.get("stages", {})
@@ -906,6 +943,7 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
     out = Path(args.output)
     files = (["input_rgba.png"] if args.image else []) + [
         "splat.ply",
+        *extra,
         "mesh.glb",
         "views.png",
         "timings.json",
@@ -924,10 +962,10 @@ def cmd_render(args: argparse.Namespace) -> None:
     cfg = job_config(args)
     check_input(args.source, "file", "mesh or splat")
     check_not_input(Path(args.output), [args.source])
-    from microdreamer.splat_ply import SplatArrays, is_splat_ply
+    from microdreamer.formats import SplatArrays, is_splat
 
     source, bad_input = args.source, None
-    if is_splat_ply(args.source):  # a splat is read before torch is imported (a mesh: by trimesh, after)
+    if is_splat(args.source):  # a splat is read before torch is imported (a mesh: by trimesh, after)
         source, bad_input, _, _ = _read_splat_before_torch(args.source)
     from microdreamer.jobs import resolve_device
     from microdreamer.jobs.turntable import FORMATS, render_turntable
@@ -1026,10 +1064,10 @@ def cmd_profile(args: argparse.Namespace) -> None:
     from microdreamer.jobs import resolve_device
     from microdreamer.jobs.export import export_mesh
     from microdreamer.profiling import StageTimer, plot_scaling
-    from microdreamer.splat import read_ply
+    from microdreamer.splat import read_splat
 
     device = resolve_device(args.device)
-    splat = read_ply(args.splat).to(device)
+    splat = read_splat(args.splat).to(device)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -1058,6 +1096,61 @@ def cmd_profile(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'scaling.json'}, {png}")
 
 
+def cmd_convert(args: argparse.Namespace) -> None:
+    from microdreamer.formats import NAMES, detect_format, output_format, read_splat_arrays, write_splat
+    from microdreamer.io_utils import check_not_input
+
+    if (args.target is None) == (args.output is None):
+        raise InputError("convert: give the output once, as OUT or as -o OUT")
+    args.output = args.target or args.output
+    fmt = output_format(args.output)
+    if fmt is None:
+        raise InputError(f"{args.output}: name a splat format by the ending: .ply, .compressed.ply, .spz, "
+                         ".sog, .splat, .ksplat, .glb, .gltf, .spz.glb or DIR/meta.json")  # fmt: skip
+    check_not_input(Path(args.output), [args.source])
+    t = time.perf_counter()
+    arrays = read_splat_arrays(args.source)
+    source_fmt = detect_format(args.source)
+    read_s = time.perf_counter() - t
+    t = time.perf_counter()
+    out = write_splat(arrays, args.output, fmt)
+    print(f"{args.source} ({NAMES.get(source_fmt, source_fmt)}, {len(arrays)} Gaussians, SH degree "
+          f"{arrays.sh_degree}) -> {out} ({NAMES[fmt]}) in {read_s:.2f} + {time.perf_counter() - t:.2f} s")  # fmt: skip
+
+
+def _write_splat_formats(args: argparse.Namespace, folder: Path) -> list[str]:
+    """``--splat-formats``: the run's ``splat.ply`` also written as ``splat.<ext>`` for each format named;
+    the names of the files written."""
+    spec = getattr(args, "splat_formats", None)
+    if not spec or not (folder / "splat.ply").is_file():
+        return []
+    from microdreamer.formats import output_format, read_splat_arrays, write_splat
+
+    arrays = read_splat_arrays(folder / "splat.ply")
+    written = []
+    for ext in (e.strip().lstrip(".").lower() for e in spec.split(",") if e.strip()):
+        target = folder / f"splat.{ext}"
+        if output_format(target) is None:
+            raise InputError(f"--splat-formats {spec}: {ext!r} is no splat format; use spz, sog, "
+                             "compressed.ply, splat, ksplat, glb")  # fmt: skip
+        write_splat(arrays, target)
+        written.append(target.name)
+    return written
+
+
+def _check_splat_formats(args: argparse.Namespace) -> None:
+    """``--splat-formats`` checked before any work."""
+    spec = getattr(args, "splat_formats", None)
+    if not spec:
+        return
+    from microdreamer.formats import output_format
+
+    for ext in (e.strip().lstrip(".").lower() for e in spec.split(",") if e.strip()):
+        if ext == "ply" or output_format(f"splat.{ext}") is None:
+            raise InputError(f"--splat-formats {spec}: {ext!r} is no extra splat format; use spz, sog, "
+                             "compressed.ply, splat, ksplat, glb")  # fmt: skip
+
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
     cfg = job_config(args)
     from microdreamer.jobs.evaluate import evaluate
@@ -1072,6 +1165,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 RUNNERS = {
+    "convert": cmd_convert,
     "demo": cmd_demo,
     "mesh": cmd_mesh,
     "render-views": cmd_render_views,

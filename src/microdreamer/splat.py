@@ -1,9 +1,10 @@
-"""The Gaussian splat: parameters, activations, covariances, and INRIA 3DGS PLY read/write.
+"""The Gaussian splat: parameters, activations, covariances, and reading and writing its files.
 
-Storage follows the INRIA 3D Gaussian Splatting layout (``x y z nx ny nz f_dc_* f_rest_* opacity
-scale_* rot_*``, float32). Reading, its checks and the policy for degenerate Gaussians live in
-:mod:`microdreamer.splat_ply`, which needs no torch; :func:`read_ply` is that reader followed by
-:meth:`Splat.from_arrays`.
+Reading, its checks and the policy for degenerate Gaussians live in :mod:`microdreamer.formats` (one
+module a format, NumPy only); :func:`read_splat` is that package's reader (any format, chosen by
+content) followed by :meth:`Splat.from_arrays`; :func:`write_ply` writes the INRIA 3DGS layout
+(``x y z nx ny nz f_dc_* f_rest_* opacity scale_* rot_*``, float32) and
+:func:`microdreamer.formats.write_splat` every format by the output's name.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from microdreamer.io_utils import atomic_path
-from microdreamer.splat_ply import (  # noqa: F401 (re-exported: the limits are part of read_ply's contract)
+from microdreamer.formats import read_splat_arrays
+from microdreamer.formats.common import SplatArrays
+from microdreamer.formats.ply import (  # noqa: F401 (re-exported: the limits are part of read_ply's contract)
     BASE_PROPS,
     LOG_SCALE_MAX,
     LOG_SCALE_MIN,
     MAX_HEADER_BYTES,
     QUAT_MIN_LENGTH,
     TAIL_PROPS,
-    SplatArrays,
-    read_splat_arrays,
 )
+from microdreamer.formats.ply import write as _write_ply_arrays
 
 SH_C0 = 0.28209479177387814  # Y_0^0 = 1 / (2 sqrt(pi))
 
@@ -190,10 +191,16 @@ class Splat:
             quats=quats.float(),
         )
 
+    def to_arrays(self) -> SplatArrays:
+        """The splat's parameters as CPU float32 NumPy :class:`~microdreamer.formats.common.SplatArrays`
+        (what every format's writer takes)."""
+        s = self.detach().to("cpu")
+        return SplatArrays(**{k: np.ascontiguousarray(v.float().numpy()) for k, v in s.tensors().items()})
+
     @staticmethod
     def from_arrays(arrays: SplatArrays) -> Splat:
-        """The CPU splat of :class:`~microdreamer.splat_ply.SplatArrays` (what
-        :func:`~microdreamer.splat_ply.read_splat_arrays` reads); the tensors share the arrays' memory."""
+        """The CPU splat of :class:`~microdreamer.formats.common.SplatArrays` (what
+        :func:`~microdreamer.formats.read_splat_arrays` reads); the tensors share the arrays' memory."""
         return Splat(
             **{
                 f.name: torch.from_numpy(np.ascontiguousarray(getattr(arrays, f.name)))
@@ -279,47 +286,27 @@ def rotate_sh(sh_rest: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     return torch.einsum("kj,njc->nkc", M_rest, sh_rest)
 
 
-# ---------------------------------------------------------------------- PLY
-def _ply_property_names(degree: int) -> list[str]:
-    n_rest = 3 * (num_sh_coeffs(degree) - 1)
-    return [*BASE_PROPS, *[f"f_rest_{i}" for i in range(n_rest)], *TAIL_PROPS]
+# ---------------------------------------------------------------------- files
+def read_splat(path: str | os.PathLike, progress: Callable[[float], None] | None = None) -> Splat:
+    """Read a splat file in any format :mod:`microdreamer.formats` knows (chosen by content: 3DGS PLY,
+    compressed PLY, SPZ, SOG, .splat, .ksplat, glTF ``KHR_gaussian_splatting``).
 
-
-def read_ply(path: str | os.PathLike, progress: Callable[[float], None] | None = None) -> Splat:
-    """Read a 3DGS splat from an INRIA-layout PLY file (binary little/big endian, or ASCII).
-
-    Returns a CPU, float32 :class:`Splat`: :func:`microdreamer.splat_ply.read_splat_arrays` (which
-    documents the checks, the one-line :class:`InputError` of each bad file and the policy for degenerate
-    Gaussians), then :meth:`Splat.from_arrays`.
+    Returns a CPU, float32 :class:`Splat` in the INRIA PLY frame:
+    :func:`microdreamer.formats.read_splat_arrays` (which documents the checks, the one-line
+    :class:`InputError` of each bad file and the policy for degenerate Gaussians), then
+    :meth:`Splat.from_arrays`.
 
     Args:
-        path: the .ply file.
-        progress: ``progress(fraction)`` while the data is read (default: :mod:`microdreamer.progress`
+        path: the splat file (or a SOG folder).
+        progress: ``progress(fraction)`` while a PLY's data is read (default: :mod:`microdreamer.progress`
             lines for files above 256 MB).
     """
     return Splat.from_arrays(read_splat_arrays(path, progress))
 
 
+read_ply = read_splat  # a PLY is one of the formats read_splat reads
+
+
 def write_ply(splat: Splat, path: str | os.PathLike) -> Path:
     """Write ``splat`` as an INRIA-layout binary little-endian PLY (atomically: temp file + rename)."""
-    path = Path(path)
-    s = splat.detach().to("cpu")
-    n = len(s)
-    names = _ply_property_names(s.sh_degree)
-    k1 = s.sh_rest.shape[1]
-    columns = [
-        s.means.numpy(),
-        np.zeros((n, 3), np.float32),
-        s.sh_dc.numpy(),
-        s.sh_rest.permute(0, 2, 1).reshape(n, 3 * k1).numpy(),
-        s.opacity_logits.reshape(n, 1).numpy(),
-        s.log_scales.numpy(),
-        s.quats.numpy(),
-    ]
-    table = np.concatenate([c.astype("<f4") for c in columns], axis=1)
-    header = f"ply\nformat binary_little_endian 1.0\nelement vertex {n}\n"
-    header += "".join(f"property float {p}\n" for p in names) + "end_header\n"
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(header.encode("ascii"))
-        f.write(np.ascontiguousarray(table).tobytes())
-    return path
+    return _write_ply_arrays(splat.to_arrays(), path)

@@ -47,7 +47,7 @@ from microdreamer.io_utils import atomic_path
 logger = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
-SPLAT_SUFFIXES = (".ply",)
+SPLAT_SUFFIXES = (".ply", ".spz", ".sog", ".splat", ".ksplat", ".glb", ".gltf")  # formats.SPLAT_SUFFIXES
 STATUSES = ("ok", "failed", "skipped")
 
 
@@ -308,12 +308,12 @@ class MeshJob(BatchJob):
         from microdreamer.config import ExportConfig
         from microdreamer.jobs.export import export_mesh
         from microdreamer.profiling import StageTimer
-        from microdreamer.splat import read_ply
+        from microdreamer.splat import read_splat
 
         cfg = self.config or ExportConfig()
         timer = StageTimer()
         with timer.stage("read"):
-            splat = read_ply(item.input)
+            splat = read_splat(item.input)
         item.output.parent.mkdir(parents=True, exist_ok=True)
         result = export_mesh(splat, item.output, cfg, self._device, timer=timer, name=str(item.input))
         return {

@@ -27,8 +27,8 @@ import torch
 
 from microdreamer.config import TurntableConfig
 from microdreamer.errors import InputError
+from microdreamer.formats import is_splat
 from microdreamer.io_utils import atomic_path, check_output_path
-from microdreamer.splat_ply import is_splat_ply
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,8 @@ FORMATS = (".mp4", ".gif", ".png")
 
 
 def load_renderable(path: str | os.PathLike):
-    """A splat (3DGS PLY) or a mesh (OBJ, GLB/glTF, mesh PLY, OFF, STL) to render.
+    """A splat (any format :mod:`microdreamer.formats` reads) or a mesh (OBJ, GLB/glTF, mesh PLY, OFF,
+    STL) to render.
 
     Raises:
         InputError: the file is missing or unreadable (from the loaders).
@@ -44,10 +45,10 @@ def load_renderable(path: str | os.PathLike):
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path} does not exist; give a splat .ply or a mesh (.glb, .obj, .ply)")
-    if is_splat_ply(path):
-        from microdreamer.splat import read_ply
+    if is_splat(path):
+        from microdreamer.splat import read_splat
 
-        return read_ply(path)
+        return read_splat(path)
     from microdreamer.mesh.load import load_textured_mesh
 
     return load_textured_mesh(path)

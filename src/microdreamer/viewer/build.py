@@ -122,14 +122,17 @@ def _ply_header(path: Path) -> tuple[str, int]:
 
 
 def _splat_view(path: Path, asset_dir: Path, rel: str) -> View:
-    """Copy a 3DGS PLY (re-written as binary little-endian when it is not) and frame it."""
+    """Copy a 3DGS PLY (re-written as binary little-endian when it is not, and any other splat format
+    re-written as a 3DGS PLY: the browser's reader takes that one) and frame it."""
+    from microdreamer.formats import detect_format
     from microdreamer.jobs.turntable import splat_framing
-    from microdreamer.splat import read_ply
+    from microdreamer.splat import read_splat
 
-    splat = read_ply(path)
+    splat = read_splat(path)
     center, radius = splat_framing(splat)
-    target = asset_dir / path.name
-    fmt, _ = _ply_header(path)
+    plain = detect_format(path) == "ply"
+    target = asset_dir / (path.name if plain else f"{path.name.split('.')[0] or 'splat'}.ply")
+    fmt, _ = _ply_header(path) if plain else (None, None)
     if fmt == "binary_little_endian":
         shutil.copyfile(path, target)
     else:  # the browser's reader takes binary little-endian only
@@ -137,7 +140,7 @@ def _splat_view(path: Path, asset_dir: Path, rel: str) -> View:
 
         write_ply(splat, target)
     stats = {"gaussians": len(splat), "sh_degree": splat.sh_degree, "bytes": target.stat().st_size}
-    url = f"{rel}/{path.name}"
+    url = f"{rel}/{target.name}"
     return View("splat", path.name, url, "ply", _camera(center, radius), stats, files=[url])
 
 
@@ -243,14 +246,14 @@ def _folder_json(folder: Path) -> tuple[dict, dict]:
 
 def _input_group(index: int, path: Path, root: Path) -> Group:
     """Copy one input into ``root / assets`` and describe what the page shows of it."""
-    from microdreamer.jobs.turntable import is_splat_ply
+    from microdreamer.formats import SPLAT_SUFFIXES, is_splat
 
     rel = f"assets/{index}_{re.sub(r'[^A-Za-z0-9._-]+', '_', path.stem or 'input')}"
     asset_dir = root / rel
     asset_dir.mkdir(parents=True)
     if path.is_dir():
         meshes = [p for s in MESH_SUFFIXES for p in sorted(path.glob(f"*{s}"))]
-        splats = [p for p in sorted(path.glob("*.ply")) if is_splat_ply(p)]
+        splats = [p for s in SPLAT_SUFFIXES for p in sorted(path.glob(f"*{s}")) if is_splat(p)]
         views = [_mesh_view(p, asset_dir, rel) for p in meshes[:1]]
         views += [_splat_view(p, asset_dir, rel) for p in splats[:1]]
         seconds, scalars = _folder_json(path)
@@ -265,7 +268,7 @@ def _input_group(index: int, path: Path, root: Path) -> Group:
                 "found; give an output folder of mesh, reconstruct or generate, or a file"
             )
         return Group(path.name, str(path), "folder", views, seconds, scalars, images)
-    if is_splat_ply(path):
+    if is_splat(path):
         return Group(path.name, str(path), "splat", [_splat_view(path, asset_dir, rel)])
     if path.suffix.lower() in MESH_SUFFIXES:
         return Group(path.name, str(path), "mesh", [_mesh_view(path, asset_dir, rel)])
