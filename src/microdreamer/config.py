@@ -180,12 +180,14 @@ class Config:
                 self.fail(f.name, "must be a finite number")
             if not _finite(_float32_check(normalised)):
                 self.fail(f.name, f"must be at most {FLOAT32_MAX:.3g} in size (it becomes a float32)")
-            if isinstance(normalised, int) and not isinstance(normalised, bool):
-                low, high, what = int_limit(f.name)
-                if not low <= normalised <= high:
-                    self.fail(f.name, f"must be {low} to {high}" if f.name == "seed" else f"must be {what}")
             object.__setattr__(self, f.name, normalised)
-        self.validate()
+        self.validate()  # the component's own rules first: their messages are the more precise
+        for f in dataclasses.fields(self):  # then the bounds every integer setting has
+            value = getattr(self, f.name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                low, high, what = int_limit(f.name)
+                if not low <= value <= high:
+                    self.fail(f.name, f"must be {low} to {high}" if f.name == "seed" else f"must be {what}")
 
     def validate(self) -> None:
         """The component's own rules (ranges, choices); raise with :meth:`fail`."""
