@@ -935,8 +935,9 @@ def test_issue20_sigterm_during_export_leaves_nothing(tmp_path):
         "from microdreamer.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
+    # no timer: a busy machine must not fail it; CI's own limit bounds a hang
     proc = subprocess.run([sys.executable, "-c", script, "mesh", str(src), "-o", str(out), *map(str, FAST)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 143, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "error: terminated"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.ply"]

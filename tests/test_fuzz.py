@@ -1,4 +1,5 @@
-"""Seeded fuzzing of the splat reader and the conversion: mutated copies of shared sample splats.
+"""Seeded fuzzing of the splat reader and the conversion (mutated copies of shared sample splats), of the
+dataset reader (mutated ``transforms.json``) and of the config presets (mutated YAML).
 
 Every case must either load or raise :class:`InputError` (one line, naming the file); every splat that
 loads must convert to a mesh or raise InputError; no case may run past a per-case time limit. The
@@ -29,7 +30,9 @@ from microdreamer.splat import Splat, read_ply
 
 CASES = 2000
 SEED = 20
-CASE_LIMIT_S = 10.0  # a hang detector, not a timing assertion: cases take ~20 ms
+#: a hang detector, not a timing assertion: CPU seconds of this process (ITIMER_PROF), not wall-clock time,
+#: so a busy machine does not trip it (cases take ~20 ms of CPU); CI's own limit bounds a hang that sleeps
+CASE_LIMIT_S = 60.0
 RESOLUTION = 8  # small grids keep 2000 conversions within the suite's budget
 
 VOCAB = [
@@ -270,7 +273,7 @@ def test_fuzzed_splats_load_or_fail_cleanly_and_mesh_or_fail_cleanly(tmp_path, b
     )
     out = tmp_path / "case.glb"
     loaded = 0
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    previous = signal.signal(signal.SIGPROF, _on_alarm)
     start = time.perf_counter()
     try:
         with caplog.at_level(logging.ERROR):  # the warnings of clamped and dropped Gaussians are expected
@@ -284,7 +287,7 @@ def test_fuzzed_splats_load_or_fail_cleanly_and_mesh_or_fail_cleanly(tmp_path, b
                 kinds.update(applied)
                 path.write_bytes(raw)
                 stage = "load"
-                signal.setitimer(signal.ITIMER_REAL, CASE_LIMIT_S)
+                signal.setitimer(signal.ITIMER_PROF, CASE_LIMIT_S)
                 try:
                     try:
                         splat = read_ply(path)
@@ -315,9 +318,9 @@ def test_fuzzed_splats_load_or_fail_cleanly_and_mesh_or_fail_cleanly(tmp_path, b
                     failures.append((case, applied, stage, f"{type(e).__name__}: {e}"))
                     (tmp_path / f"failure_{case}.ply").write_bytes(raw)
                 finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.setitimer(signal.ITIMER_PROF, 0)
     finally:
-        signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGPROF, previous)
     seconds = time.perf_counter() - start
     print(f"\nfuzz: {CASES} cases in {seconds:.1f} s; outcomes {dict(counts)}; mutations {dict(kinds)}")
     assert not failures, failures[:10]
@@ -326,3 +329,236 @@ def test_fuzzed_splats_load_or_fail_cleanly_and_mesh_or_fail_cleanly(tmp_path, b
     assert counts["load: InputError"] >= CASES // 10
     assert counts["loaded, meshed"] >= CASES // 10
     assert counts["loaded, mesh: InputError"] >= 1
+
+
+# ------------------------------------------------------------------------------------- transforms.json
+JSON_CASES = 600
+JSON_SEED = 43
+#: values written into a transforms.json: wrong types, non-finite and huge numbers, paths that climb out
+JSON_VALUES = [None, True, 0, -1, 1e308, -1e308, 1e39, 1e-320, "nan", "abc", "", [], {}, [1, 2], [[1e300] * 4] * 4,
+               [[0.0] * 4] * 4, 2**64, 3.0, 0.5, "r_0.png", "../outside.png", "/etc/hostname", "sub/../../x.png",
+               "link.png", "missing.png", "imgs", "r_0", "\x00", float("nan"), float("inf")]  # fmt: skip
+JSON_KEYS = ["camera_angle_x", "camera_angle_y", "fl_x", "fl_y", "cx", "cy", "w", "h", "frames", "file_path",
+             "transform_matrix", "held_out", "aabb_scale"]  # fmt: skip
+
+
+def _json_dataset(folder):
+    """Three 8x8 RGBA views and their transforms.json (a valid dataset), a folder, an outside image and a
+    symlink to it beside the dataset."""
+    from PIL import Image
+
+    folder.mkdir()
+    frames = []
+    for i in range(3):
+        Image.new("RGBA", (8, 8), (40 * i, 90, 200, 255)).save(folder / f"r_{i}.png")
+        m = np.eye(4)
+        m[:3, 3] = [0.0, 0.0, 2.0 + i]
+        frames.append({"file_path": f"r_{i}.png", "transform_matrix": m.tolist(), "held_out": i == 2})
+    (folder / "imgs").mkdir()
+    Image.new("RGBA", (8, 8)).save(folder.parent / "outside.png")
+    (folder / "link.png").symlink_to(folder.parent / "outside.png")
+    return {"camera_angle_x": 0.7, "w": 8, "h": 8, "frames": frames}
+
+
+def _mutate_json(meta, rng):
+    """One structural edit of the parsed JSON: a value replaced, a key deleted or added, a frame dropped
+    or duplicated; or (as text) a byte flipped, the text truncated."""
+    import copy
+    import json
+
+    meta = copy.deepcopy(meta)
+    kind = str(
+        rng.choice(["value", "value", "frame_value", "frame_value", "delete", "add", "frames", "text"])
+    )
+    pick = JSON_VALUES[int(rng.integers(0, len(JSON_VALUES)))]
+    frames = meta.get("frames") if isinstance(meta, dict) else None
+    if kind == "value" and isinstance(meta, dict) and meta:
+        meta[str(rng.choice(list(meta)))] = pick
+    elif kind == "frame_value" and isinstance(frames, list) and frames and isinstance(frames[0], dict):
+        frame = frames[int(rng.integers(0, len(frames)))]
+        if isinstance(frame, dict):
+            key = str(rng.choice(["file_path", "transform_matrix", "held_out", "fl_x", "w"]))
+            if key == "transform_matrix" and isinstance(frame.get(key), list) and rng.random() < 0.5:
+                row, col = (int(v) for v in rng.integers(0, 4, 2))
+                frame[key][row % len(frame[key])] = list(frame[key][row % len(frame[key])])
+                frame[key][row % len(frame[key])][col % 4] = pick
+            else:
+                frame[key] = pick
+    elif kind == "delete" and isinstance(meta, dict) and meta:
+        del meta[str(rng.choice(list(meta)))]
+    elif kind == "add" and isinstance(meta, dict):
+        meta[str(rng.choice(JSON_KEYS))] = pick
+    elif kind == "frames" and isinstance(frames, list) and frames:
+        i = int(rng.integers(0, len(frames)))
+        frames.insert(i, frames[i]) if rng.random() < 0.5 else frames.pop(i)
+    text = json.dumps(meta, allow_nan=True).encode()
+    if kind == "text":
+        raw = bytearray(text)
+        if rng.random() < 0.5 and raw:
+            raw[int(rng.integers(0, len(raw)))] = int(rng.integers(0, 256))
+        else:
+            raw = raw[: int(rng.integers(0, len(raw) + 1))]
+        text = bytes(raw)
+    return meta, text, kind
+
+
+def _one_line(e, *names):
+    msg = str(e)
+    assert msg and "\n" not in msg, msg
+    assert any(str(n) in msg for n in names), msg
+
+
+def _run_cases(cases, run, limit_s=CASE_LIMIT_S):
+    """Run each case under a CPU-time hang detector; (outcome counts, failures)."""
+    counts: collections.Counter = collections.Counter()
+    failures = []
+    previous = signal.signal(signal.SIGPROF, _on_alarm)
+    try:
+        for i, case in enumerate(cases):
+            signal.setitimer(signal.ITIMER_PROF, limit_s)
+            try:
+                counts[run(case)] += 1
+            except _CaseTimeout:
+                failures.append((i, f"ran past {limit_s} CPU s"))
+            except Exception as e:  # anything but InputError (turned into an outcome by run) is a defect
+                failures.append((i, f"{type(e).__name__}: {e}"))
+            finally:
+                signal.setitimer(signal.ITIMER_PROF, 0)
+    finally:
+        signal.signal(signal.SIGPROF, previous)
+    return counts, failures
+
+
+def test_fuzzed_transforms_json_loads_or_fails_cleanly(tmp_path):
+    """Mutated transforms.json files: each loads (finite cameras, images inside the folder) or is one
+    InputError line naming the file or the image; never a traceback, a hang, or a read outside."""
+
+    from microdreamer.data.dataset import load_dataset
+
+    data = tmp_path / "data"
+    base = _json_dataset(data)
+    rng = np.random.default_rng(JSON_SEED)
+    kinds: collections.Counter = collections.Counter()
+    cases = []
+    for _ in range(JSON_CASES):
+        meta = base
+        for _ in range(int(rng.choice([1, 1, 2, 3]))):
+            meta, text, kind = _mutate_json(meta, rng)
+            kinds[kind] += 1
+        cases.append(text)
+
+    def run(text):
+        (data / "transforms.json").write_bytes(text)
+        try:
+            ds = load_dataset(data)
+        except InputError as e:
+            _one_line(e, data)
+            return "InputError"
+        assert torch.isfinite(ds.images).all() and len(ds) >= 1
+        assert torch.isfinite(ds.cameras.viewmats).all() and torch.isfinite(ds.cameras.Ks).all()
+        return "loaded"
+
+    counts, failures = _run_cases(cases, run)
+    print(f"\ntransforms.json fuzz: {JSON_CASES} cases; outcomes {dict(counts)}; mutations {dict(kinds)}")
+    assert not failures, failures[:10]
+    assert sum(counts.values()) == JSON_CASES
+    assert counts["InputError"] >= JSON_CASES // 10 and counts["loaded"] >= JSON_CASES // 20
+
+
+# ------------------------------------------------------------------------------------------ YAML presets
+YAML_CASES = 800
+YAML_SEED = 44
+YAML_LINES = ["sir: {iterations: 1000000000}", "views_size: 50000", "seed: -1", "field: {resolution: 1e9}",
+              "a: &a [1, 2]\nb: [*a, *a]", "!!python/object/apply:os.system ['true']", "x: !!binary AAAA",
+              "mesh:\n  threshold: .nan", "mesh: {threshold: .inf}", "[[[[[[[[[[[[[[[[[[[[[[[[", "{", "- 1",
+              "field:\n\tresolution: 64", "field: {resolution: 128, resolution: 256}", "'': 1", "? [1]\n: 2",
+              "texture: {size: 99999999999999999999}", "sir: {seed: 18446744073709551616}", "null", "~: 3",
+              "%YAML 9.9\n---", "--- |\n  text", "field: {mode: upstream}", "export: {field: {resolution: 8}}"]  # fmt: skip
+YAML_TOKENS = ["1", "-1", "0", "1e309", "nan", ".nan", ".inf", "true", "null", "~", "'x'", "[]", "{}", "&a",
+               "*a", "!!str", "1_000", "0x10", "0o7", "2001-01-01", "\u00e9", "\x00", "::", "- ", "#"]  # fmt: skip
+
+
+def _mutate_yaml(text, rng):
+    lines = text.split("\n")
+    kind = str(rng.choice(["insert", "token", "token", "delete", "flip", "truncate", "indent", "swap"]))
+    i = int(rng.integers(0, len(lines)))
+    if kind == "insert":
+        lines.insert(i, YAML_LINES[int(rng.integers(0, len(YAML_LINES)))])
+    elif kind == "token":  # a value (after the colon) or a key replaced
+        line = lines[i]
+        token = YAML_TOKENS[int(rng.integers(0, len(YAML_TOKENS)))]
+        head, colon, _ = line.partition(":")
+        lines[i] = (
+            f"{head}: {token}"
+            if colon and rng.random() < 0.7
+            else f"{' ' * (len(line) - len(line.lstrip()))}{token}: 1"
+        )
+    elif kind == "delete":
+        lines.pop(i)
+    elif kind == "indent":
+        lines[i] = " " * int(rng.integers(0, 5)) + lines[i].lstrip()
+    elif kind == "swap":
+        j = int(rng.integers(0, len(lines)))
+        lines[i], lines[j] = lines[j], lines[i]
+    text = "\n".join(lines)
+    raw = text.encode("utf-8", "surrogatepass")
+    if kind == "flip" and raw:
+        b = bytearray(raw)
+        b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+        return b.decode("utf-8", "replace") if rng.random() < 0.5 else bytes(b), kind
+    if kind == "truncate":
+        return raw[: int(rng.integers(0, len(raw) + 1))], kind
+    return text, kind
+
+
+def test_fuzzed_yaml_presets_load_or_fail_cleanly(tmp_path):
+    """Mutated copies of the shipped presets (and of the configs they load into): each loads into its config
+    or is one InputError line naming the file; never a traceback or a hang."""
+    from pathlib import Path
+
+    import microdreamer
+    from microdreamer import config
+
+    presets = sorted((Path(microdreamer.__file__).parent / "presets").glob("*.yaml"))
+    bases = []
+    for path in presets:  # the config each preset is written for: the first that loads it
+        for cls in (
+            config.GenerateConfig,
+            config.ExportConfig,
+            config.ReconstructJobConfig,
+            config.DemoConfig,
+        ):
+            try:
+                config.load_preset(cls, path)
+            except InputError:
+                continue
+            bases.append((path.read_text(), cls))
+            break
+    assert len(bases) == len(presets)
+    rng = np.random.default_rng(YAML_SEED)
+    kinds: collections.Counter = collections.Counter()
+    cases = []
+    for _ in range(YAML_CASES):
+        text, cls = bases[int(rng.integers(0, len(bases)))]
+        for _ in range(int(rng.choice([1, 1, 2, 3]))):
+            text, kind = _mutate_yaml(text if isinstance(text, str) else text.decode("utf-8", "replace"), rng)
+            kinds[kind] += 1
+        cases.append((text, cls))
+    target = tmp_path / "preset.yaml"
+
+    def run(case):
+        text, cls = case
+        target.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+        try:
+            cfg = config.load_preset(cls, target)
+        except InputError as e:
+            _one_line(e, target)
+            return "InputError"
+        assert isinstance(cfg, cls)
+        return "loaded"
+
+    counts, failures = _run_cases(cases, run)
+    print(f"\nYAML fuzz: {YAML_CASES} cases; outcomes {dict(counts)}; mutations {dict(kinds)}")
+    assert not failures, failures[:10]
+    assert sum(counts.values()) == YAML_CASES
+    assert counts["InputError"] >= YAML_CASES // 10 and counts["loaded"] >= YAML_CASES // 20

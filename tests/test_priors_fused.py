@@ -138,7 +138,8 @@ def test_kernels_in_the_triton_interpreter():
         """
     )
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    # no timer: a busy machine must not fail it; CI's own limit bounds a hang
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
 
 

@@ -10,6 +10,7 @@ each command imports the stages it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -230,6 +231,24 @@ COMMANDS = (
         preset=False,
     ),
 )
+
+
+def _ranged(low: int, high: int, what: str):
+    """An argparse type: an integer in [low, high] (argparse's one-line error otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give {what}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; {what} is {low} to {high}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
 #: arguments that set no config field: (command, flag) -> (argparse keywords, synopsis placeholder)
 EXTRA = {
     ("render-views", "--texture"): ({"default": None, "metavar": "PNG",
@@ -261,7 +280,7 @@ EXTRA = {
                                   "EXT,..."),
     ("view", "--serve"): ({"action": "store_true", "help": "serve the folder on 127.0.0.1 and print its address "
                            "(Ctrl-C stops)"}, None),
-    ("view", "--port"): ({"type": int, "default": 0, "metavar": "N", "help": "the server's port (default 0: a "
+    ("view", "--port"): ({"type": _ranged(0, 65535, "a TCP port"), "default": 0, "metavar": "N", "help": "the server's port (default 0: a "
                           "free one)"}, "N"),
     ("profile", "--resolutions"): ({"default": "128,256,384,512,768,1024", "metavar": "R,R,...",
                                     "help": "grid resolutions, as memory allows (default 128,256,384,512,768,1024)"},
@@ -269,7 +288,7 @@ EXTRA = {
     **{(name, flag): spec for name in ("mesh", "generate") for flag, spec in {
         "--overwrite": ({"action": "store_true", "help": "batches: redo inputs whose outputs exist (default: "
                                                          "skip them)"}, None),
-        "--workers": ({"type": int, "default": None, "metavar": "N",
+        "--workers": ({"type": _ranged(1, 4096, "a worker count"), "default": None, "metavar": "N",
                        "help": "batches: run on N Ray workers (a local cluster: one per GPU, or CPU workers "
                                "when there is no GPU); needs the distributed extra"}, "N"),
         "--ray-address": ({"default": None, "metavar": "ADDR",
@@ -349,7 +368,7 @@ class _StoreNamed(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="microdreamer",
         description="Image-to-3D with MicroDreamer (score-based iterative reconstruction) and fast, "
         "textured Gaussian-splat-to-mesh conversion.",
@@ -595,11 +614,24 @@ def _cpu_estimate(cfg, random_weights: str | None) -> str | None:
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that every ``finally`` (temporary files) runs."""
+    """SIGTERM, SIGHUP (a closed terminal) or SIGQUIT, raised in the main thread so that every ``finally``
+    (temporary files, staging folders) runs; ``signum`` is the signal."""
+
+    def __init__(self, signum: int = 15) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _on_sigterm(signum, frame) -> None:
-    raise Terminated()
+    raise Terminated(signum)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors as the one line every other error is: ``error: ...`` (exit status 2)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        hint = f"; see {self.prog} --help"
+        self.exit(2, f"error: {self.prog}: {message}{hint}\n")
 
 
 # ------------------------------------------------------------------------------------ input/output checks
@@ -631,13 +663,20 @@ def _written(out: Path, textured: bool) -> str:
     return str(out)
 
 
-def _job_folder(args: argparse.Namespace, outputs: tuple[str, ...], inputs: list):
-    """Checks a job's output folder and gives the staged folder the job writes into (moved into place only
-    when the job succeeds; see :func:`microdreamer.io_utils.staged_folder`)."""
+#: the files a profiled run adds to its folder
+PROFILE_FILES = ("profile.json", "profile.png")
+
+
+def _job_folder(
+    args: argparse.Namespace, outputs: tuple[str, ...], inputs: list, owned: tuple[str, ...] = ()
+):
+    """Checks a job's output folder and gives the staged folder the job writes into (moved into place as
+    one only when the job succeeds, ``outputs`` and ``owned`` of an earlier run replaced, the user's other
+    files kept; see :func:`microdreamer.io_utils.staged_folder`)."""
     from microdreamer.io_utils import check_output_folder, staged_folder
 
     check_output_folder(args.output, outputs, inputs)
-    return staged_folder(args.output)
+    return staged_folder(args.output, owned=(*outputs, *owned, *PROFILE_FILES))
 
 
 def _check_not_inside(folder: Path, inputs: list) -> None:
@@ -704,18 +743,24 @@ def _run_batch(args: argparse.Namespace, job, sources: list[str], cfg) -> int:
     distributed = args.workers is not None or bool(args.ray_address)
     if distributed:
         batch.import_ray("--workers" if args.workers is not None else "--ray-address")  # one line, first
+    if args.ray_address:
+        batch.check_ray_address(args.ray_address)  # bounded, before any input is read
     items = batch.plan(batch.collect_inputs(sources, job.suffixes, f"{job.what} files"), args.output, job)
+    from microdreamer.io_utils import made_parents, run_lock
+
     progress = _BatchProgress(len(items), job.what)
-    try:
-        if distributed:
-            report = batch.run_ray(job, items, args.overwrite, progress, workers=args.workers,
-                                   address=args.ray_address)  # fmt: skip
-        else:
-            report = batch.run_local(job, items, args.overwrite, progress)
-    finally:
-        progress.close()
-    extra = {"command": "microdreamer " + " ".join(sys.argv[1:]), "config": config.to_dict(cfg)}
-    summary = batch.write_summary(report, args.output, extra)
+    # one batch at a time writes OUT (each input's folder is staged and locked as a single run's is)
+    with made_parents(Path(os.path.abspath(args.output)).parent), run_lock(args.output):
+        try:
+            if distributed:
+                report = batch.run_ray(job, items, args.overwrite, progress, workers=args.workers,
+                                       address=args.ray_address)  # fmt: skip
+            else:
+                report = batch.run_local(job, items, args.overwrite, progress)
+        finally:
+            progress.close()
+        extra = {"command": "microdreamer " + " ".join(sys.argv[1:]), "config": config.to_dict(cfg)}
+        summary = batch.write_summary(report, args.output, extra)
     print(batch.table(report))
     setup = max((sum(v for v in s.values() if isinstance(v, float)) for s in report.setup), default=0.0)
     print(f"{report.count('ok')} ok, {report.count('failed')} failed, {report.count('skipped')} skipped of "
@@ -740,7 +785,9 @@ def _read_splat_before_torch(path: str):
 
 def cmd_mesh(args: argparse.Namespace) -> int | None:
     sources = list(args.splat)
-    folder_output = args.output.endswith(("/", os.sep)) or Path(args.output).is_dir()
+    folder_output = args.output.endswith(("/", os.sep)) or (
+        Path(args.output).is_dir() and Path(args.output).suffix.lower() not in config.MESH_FORMATS
+    )  # a folder named x.glb is refused as the output of one conversion, not taken for a batch
     if _batch_requested(args, sources, folder_output):
         if Path(args.output).suffix.lower() in config.MESH_FORMATS and not folder_output:
             raise InputError(f"-o {args.output}: a batch writes one mesh per splat; give an output folder "
@@ -845,6 +892,9 @@ def cmd_render_views(args: argparse.Namespace) -> None:
     if args.texture is not None:
         check_input(args.texture, "file", "texture image")
     _check_not_inside(Path(args.output), [args.mesh, args.texture])
+    from microdreamer.io_utils import check_output_folder
+
+    check_output_folder(args.output)  # before any render: the folder, the one above it (staging), the name
     from microdreamer.data import render_views
     from microdreamer.jobs import resolve_device
 
@@ -872,10 +922,13 @@ def cmd_reconstruct(args: argparse.Namespace) -> None:
         check_grid_memory(cfg.export.field.resolution, device, PRESET_SETTINGS["resolution"])
     staged = _job_folder(args, ("splat.ply", "mesh.glb", "held_out_views.png", "metrics.json"), [])
     _check_splat_formats(args)
+    out = Path(args.output)
     with staged as stage:
         metrics = reconstruct_dataset(args.data, stage, cfg, device=device)
         extra = _write_splat_formats(args, stage)
-    out = Path(args.output)
+        if args.profile:  # into the stage: the run's files move in together
+            _write_profile(metrics.get("seconds", {}), stage, f"microdreamer reconstruct {Path(args.data).name}",
+                           shown=out)  # fmt: skip
     psnr = metrics.get("psnr")
     print(f"Gaussians: {metrics.get('num_gaussians')}")
     if psnr is not None:
@@ -885,8 +938,7 @@ def cmd_reconstruct(args: argparse.Namespace) -> None:
         ["splat.ply", *extra] + (["mesh.glb"] if cfg.mesh else []) + [metrics.get("pictures"), "metrics.json"]
     )
     if args.profile:
-        _write_profile(metrics.get("seconds", {}), out, f"microdreamer reconstruct {Path(args.data).name}")
-        files += ["profile.json", "profile.png"]
+        files += list(PROFILE_FILES)
     print("wrote " + ", ".join(str(out / f) for f in files if f))
     frame = metrics.get("output_frame") or {}
     if frame:
@@ -928,19 +980,24 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
         print(note, file=sys.stderr)
     weights, _, _ = _sir_weights(cfg)
     update, close = _progress_bar("SIR iterations", cfg.sir.iterations, weights)
+    out = Path(args.output)
     try:
         _check_splat_formats(args)
         with staged as folder:
             report = generate(args.image, folder, cfg, model=args.model, random_weights=args.random_weights,
                               device=device, progress=update, prompt=args.prompt, stage=_stage_printer())  # fmt: skip
             extra = _write_splat_formats(args, folder)
+            if args.profile:  # into the stage: the run's files move in together
+                _write_profile(texture_parts(report.get("seconds", {}), report.get("texture") or {}), folder,
+                               f"microdreamer generate {Path(args.image or 'text').name}",
+                               extra={"device": report.get("device"), "random_weights": report.get("random_weights")},
+                               shown=out)  # fmt: skip
     finally:
         close()
     stages = report.get("stages", {})
     print(_seconds(stages, 2) + f" (after model load {report.get('seconds_after_load', float('nan')):.2f})")
     print(f"Gaussians: {report.get('num_gaussians')}, mesh: {report.get('mesh_vertices')} vertices, "
           f"{report.get('mesh_faces')} faces")  # fmt: skip
-    out = Path(args.output)
     files = (["input_rgba.png"] if args.image else []) + [
         "splat.ply",
         *extra,
@@ -949,10 +1006,7 @@ def cmd_generate(args: argparse.Namespace) -> int | None:
         "timings.json",
     ]
     if args.profile:
-        _write_profile(texture_parts(report.get("seconds", {}), report.get("texture") or {}), out,
-                       f"microdreamer generate {Path(args.image or 'text').name}",
-                       extra={"device": report.get("device"), "random_weights": report.get("random_weights")})  # fmt: skip
-        files += ["profile.json", "profile.png"]
+        files += list(PROFILE_FILES)
     print("wrote " + ", ".join(str(out / f) for f in files))
 
 
@@ -1011,12 +1065,20 @@ def texture_parts(seconds: dict, texture_stats: dict) -> dict:
 
 
 def _write_profile(
-    seconds: dict, folder: Path, title: str, extra: dict | None = None, name: str = "profile"
+    seconds: dict,
+    folder: Path,
+    title: str,
+    extra: dict | None = None,
+    name: str = "profile",
+    shown: Path | None = None,
 ) -> None:
+    """profile.json and profile.png into ``folder`` (a run's stage: ``shown`` is where they will be)."""
     from microdreamer.profiling import write_profile
 
     seconds = {k: float(v) for k, v in seconds.items() if v > 0}
     json_path, png_path = write_profile(seconds, folder, title, extra, name=name)
+    if shown is not None:
+        png_path = Path(shown) / Path(png_path).name
     total = sum(seconds.values())
     top = max(seconds, key=seconds.get)
     print(f"profile: {total:.2f} s in {len(seconds)} stages, the largest {top} ({100 * seconds[top] / total:.0f}%) "
@@ -1025,15 +1087,22 @@ def _write_profile(
 
 def cmd_view(args: argparse.Namespace) -> None:
     from microdreamer.viewer import build_viewer, serve
+    from microdreamer.viewer.server import bind
 
     first = Path(args.paths[0])
     out = Path(args.output) if args.output else first.parent / f"{first.stem or first.name}_viewer"
-    index = build_viewer([Path(p) for p in args.paths], out)
+    server = bind(out, port=args.port) if args.serve else None  # the port first: nothing built if it is taken
+    try:
+        index = build_viewer([Path(p) for p in args.paths], out)
+    except BaseException:
+        if server is not None:
+            server.server_close()
+        raise
     print(f"viewer: {index}")
     if not args.serve:
         print(f"open it in a browser, or serve it: microdreamer view {' '.join(args.paths)} -o {out} --serve")
         return
-    url, server = serve(out, port=args.port)
+    url, server = serve(out, server=server)
     print(f"serving {out} at {url} (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()
@@ -1067,9 +1136,9 @@ def cmd_profile(args: argparse.Namespace) -> None:
     from microdreamer.splat import read_splat
 
     device = resolve_device(args.device)
-    splat = read_splat(args.splat).to(device)
     out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    staged = _job_folder(args, ("scaling.json", "scaling.png"), [args.splat])
+    splat = read_splat(args.splat).to(device)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in resolutions:
@@ -1090,10 +1159,14 @@ def cmd_profile(args: argparse.Namespace) -> None:
             print(f"{r}^3: " + _seconds(timer.seconds))
     if not rows:
         raise InputError(f"{args.splat}: no grid resolution could be run; give smaller --resolutions")
-    png = plot_scaling(rows, out / "scaling.png", title=f"{Path(args.splat).name}: seconds against grid size")
-    with atomic_path(out / "scaling.json") as tmp:
-        tmp.write_text(json.dumps({"splat": str(args.splat), "device": str(device), "rows": rows}, indent=2))
-    print(f"wrote {out / 'scaling.json'}, {png}")
+    with staged as stage:  # written, then moved in: a refusal above leaves no folder
+        stage.mkdir()
+        plot_scaling(rows, stage / "scaling.png", title=f"{Path(args.splat).name}: seconds against grid size")
+        with atomic_path(stage / "scaling.json") as tmp:
+            tmp.write_text(
+                json.dumps({"splat": str(args.splat), "device": str(device), "rows": rows}, indent=2)
+            )
+    print(f"wrote {out / 'scaling.json'}, {out / 'scaling.png'}")
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
@@ -1153,6 +1226,9 @@ def _check_splat_formats(args: argparse.Namespace) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     cfg = job_config(args)
+    from microdreamer.io_utils import check_output_folder
+
+    check_output_folder(args.output, (), [*args.assets, *args.image])  # before any model is loaded
     from microdreamer.jobs.evaluate import evaluate
 
     summary = evaluate(args.assets, args.image, args.output, cfg, device=args.device)
@@ -1189,35 +1265,64 @@ def _join_up_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _write_error(e: OSError, args) -> str | None:
+    """The one line for an OSError of a write that no stage turned into an InputError (a full disk names
+    no file), or None when it is not one."""
+    import errno
+
+    from microdreamer.io_utils import DISK_ERRNOS
+
+    if e.errno == errno.ENAMETOOLONG:  # Path.exists() and is_dir() raise it for any path given
+        name = os.fsdecode(e.filename) if e.filename else getattr(args, "output", None) or "a path"
+        return f"{name}: a name in it is longer than the system allows (255 bytes); choose a shorter name"
+    if e.errno not in DISK_ERRNOS:
+        return None
+    where = getattr(args, "output", None) or (e.filename and os.fsdecode(e.filename)) or "the output"
+    return f"{where}: cannot be written ({e.strerror or type(e).__name__}); free space or choose another path"
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
     import threading
 
     from microdreamer import progress
+    from microdreamer.io_utils import remove_in_flight
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(_join_up_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     progress.configure("auto")
-    previous = None
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):  # a closed terminal, Ctrl-\\: clean up as for SIGTERM
+            if hasattr(signal, name):
+                previous[getattr(signal, name)] = signal.signal(getattr(signal, name), _on_sigterm)
+    message, code = None, 0
     try:
-        code = args.func(args)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        message, code = str(e), 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except Terminated:
-        print("error: terminated", file=sys.stderr)
-        return 143
+        message, code = "interrupted", 130
+    except Terminated as e:
+        message, code = "terminated", 128 + e.signum
+    except BrokenPipeError:  # the reader of stdout went away (| head): stop quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        message, code = "standard output was closed (a broken pipe); the run stopped", 1
+    except OSError as e:
+        if (message := _write_error(e, args)) is None:
+            raise
+        code = 2
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        remove_in_flight()  # what a second signal during a clean-up left, with signals held off
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         progress.reset()
-    return int(code or 0)
+    if message is not None:
+        print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

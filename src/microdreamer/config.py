@@ -111,6 +111,53 @@ def _type_name(annotation: Any) -> str:
     )
 
 
+#: the largest float32: settings reach float32 tensors, so a larger one would turn into inf there
+FLOAT32_MAX = 3.4028234663852886e38
+#: any integer setting fits a C int (seeds, sizes and counts have tighter bounds: :func:`int_limit`)
+INT_BOUND = 2**31 - 1
+#: upper bounds of integer settings by field name, checked with the types, before anything is allocated or
+#: run (the defaults are far below: a preset or flag past them is a typo, e.g. ``views_size: 50000`` would
+#: ask 320 GB of renders, ``--iters 1000000000`` a run without end)
+INT_LIMITS = {
+    "views_size": 4096,  # the preview sheet's renders
+    "iterations": 10_000,  # SIR iterations (each runs the diffusion model), texture-refine rounds
+    "ssaa": 16,
+    "fps": 1000,
+    "num_pts": 10_000_000,
+    "max_gaussians": 100_000_000,
+}
+_COUNTS = ("views", "held_out", "frames", "azimuths", "sheet_views", "batch", "batch_views", "view_batch")
+_STEPS = ("iters", "steps", "init_steps", "recon_steps", "ddim_steps", "position_lr_max_steps", "densify_end_iter",
+          "densify_start_iter", "num_train_timesteps", "num_inference_steps", "grabcut_iterations",
+          "chart_iterations", "position_lr_delay_steps", "opacity_reset_interval", "densify_interval", "log_every")  # fmt: skip
+
+
+def int_limit(name: str) -> tuple[int, int, str]:
+    """(low, high, what) of the integer setting ``name``: a seed is an unsigned 32-bit number; image sides
+    (``*size``) at most 16384 pixels; view and frame counts at most 10,000; step counts at most 1,000,000;
+    :data:`INT_LIMITS` by name; any other at most :data:`INT_BOUND` in size."""
+    if name == "seed":
+        return 0, 2**32 - 1, "a seed is 0 to 4294967295"
+    if name in INT_LIMITS:
+        return -INT_BOUND, INT_LIMITS[name], f"at most {INT_LIMITS[name]:,}"
+    if name.endswith("size"):
+        return -INT_BOUND, 16384, "at most 16384 pixels"
+    if name in _COUNTS:
+        return -INT_BOUND, 10_000, "at most 10,000"
+    if name in _STEPS:
+        return -INT_BOUND, 1_000_000, "at most 1,000,000 steps"
+    return -INT_BOUND, INT_BOUND, f"at most {INT_BOUND} in size"
+
+
+def _float32_check(value: Any) -> Any:
+    """``value`` with every float beyond float32's range replaced by inf (for :func:`_finite`)."""
+    if isinstance(value, float):
+        return value if abs(value) <= FLOAT32_MAX else math.inf
+    if isinstance(value, tuple):
+        return tuple(_float32_check(v) for v in value)
+    return value
+
+
 def _finite(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
@@ -131,8 +178,16 @@ class Config:
                 self.fail(f.name, f"must be {_type_name(annotation)}")
             if not _finite(normalised):
                 self.fail(f.name, "must be a finite number")
+            if not _finite(_float32_check(normalised)):
+                self.fail(f.name, f"must be at most {FLOAT32_MAX:.3g} in size (it becomes a float32)")
             object.__setattr__(self, f.name, normalised)
-        self.validate()
+        self.validate()  # the component's own rules first: their messages are the more precise
+        for f in dataclasses.fields(self):  # then the bounds every integer setting has
+            value = getattr(self, f.name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                low, high, what = int_limit(f.name)
+                if not low <= value <= high:
+                    self.fail(f.name, f"must be {low} to {high}" if f.name == "seed" else f"must be {what}")
 
     def validate(self) -> None:
         """The component's own rules (ranges, choices); raise with :meth:`fail`."""
@@ -1340,6 +1395,10 @@ def from_dict(cls: type[T], data: Any, where: str = "config", base: T | None = N
         raise InputError(f"{where}: {e}") from None
 
 
+#: the largest config preset read (the shipped ones are about 1 KB)
+MAX_PRESET_BYTES = 256 << 10
+
+
 def load_preset(cls: type[T], path: str | os.PathLike, base: T | None = None) -> T:
     """Load a YAML preset into dataclass ``cls``: the fields it names, the rest from ``base`` (default: the
     defaults)."""
@@ -1350,13 +1409,20 @@ def load_preset(cls: type[T], path: str | os.PathLike, base: T | None = None) ->
         raise InputError(f"{path}: is a folder; give the path of a YAML config preset")
     if not path.is_file():
         raise InputError(f"{path}: config preset not found; give the path of a YAML file")
-    if path.stat().st_size > 16 << 20:
-        raise InputError(f"{path}: is over 16 MB; a config preset is a short YAML file, give the right one")
+    size = path.stat().st_size
+    if size > MAX_PRESET_BYTES:  # presets are ~1 KB; PyYAML parses ~100 KB/s, so a 15 MB file took minutes
+        raise InputError(f"{path}: is {size / 1024:.0f} KB, over the {MAX_PRESET_BYTES >> 10} KB a config preset "
+                         "may have (presets are a few KB); give the right file")  # fmt: skip
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError, OSError) as e:
+        data = yaml.load(path.read_text(), Loader=loader) or {}  # noqa: S506 (a safe loader)
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError, OSError, ValueError, MemoryError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InputError(f"{path}: not valid YAML ({first})") from None
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{path}: holds a {type(data).__name__}, not a mapping of settings; give a YAML mapping"
+        )
     return from_dict(cls, data, str(path), base)
 
 

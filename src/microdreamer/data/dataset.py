@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,19 +166,12 @@ def _atomic_dir(target: Path) -> Iterator[Path]:
             raise InputError(
                 f"output folder {target} is not empty and holds no dataset; choose a new or empty folder"
             )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    from microdreamer.io_utils import check_output_folder, staged_folder
+
+    check_output_folder(target)
+    with staged_folder(target, replace=True) as tmp:
+        tmp.mkdir()
         yield tmp
-        if target.exists():
-            os.replace(target, old)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_dataset(
@@ -282,6 +274,12 @@ def save_dataset(
 MAX_JSON_BYTES = 256 << 20
 
 
+#: the largest float32; a camera setting beyond it would turn into inf
+FLOAT32_MAX = 3.4028234663852886e38
+#: the largest transform_matrix entry taken (a camera 1e10 units from the origin is a broken file)
+MAX_MATRIX_ENTRY = 1e10
+
+
 def _read_json(path: Path) -> dict:
     try:
         size = path.stat().st_size
@@ -311,6 +309,7 @@ def _number(
     value = src[key]
     kind = "a positive whole number" if integer else "a positive number" if positive else "a number"
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and abs(value) <= FLOAT32_MAX  # the cameras hold float32
     if ok and positive:
         ok = value > 0
     if ok and integer:
@@ -321,11 +320,15 @@ def _number(
 
 
 def _image_path(directory: Path, file_path: str, json_path: Path) -> Path:
-    p = directory / file_path
-    for candidate in (p, Path(str(p) + ".png")):
+    """The image a frame names, inside the dataset folder (an absolute name, or one that climbs out of the
+    folder by ``..`` or a symlink, is refused); ``.png`` is added when the name has none."""
+    from microdreamer.io_utils import resolve_inside
+
+    for name in (file_path, file_path + ".png"):
+        candidate = resolve_inside(directory, name, "image", json_path)
         if candidate.is_file():
             return candidate
-    if p.is_dir():
+    if resolve_inside(directory, file_path, "image", json_path).is_dir():
         raise InputError(f"image {file_path!r} listed in {json_path} is a folder, not an image; fix the path")
     raise InputError(
         f"image {file_path!r} listed in {json_path} does not exist in {directory}; add it or fix the path"
@@ -375,6 +378,9 @@ def _frame_matrix(frame: dict, i: int, json_path: Path) -> np.ndarray:
         raise InputError(f"{where} has a 'transform_matrix' of shape {m.shape}; give a 4x4 matrix")
     if not np.isfinite(m).all():
         raise InputError(f"{where} has a 'transform_matrix' with NaN or infinite entries; fix the matrix")
+    if np.abs(m).max() > MAX_MATRIX_ENTRY:  # float32 cameras: products of such entries overflow
+        raise InputError(f"{where} has a 'transform_matrix' entry of {np.abs(m).max():.3g}; entries must be at "
+                         f"most {MAX_MATRIX_ENTRY:g} in size, fix the matrix")  # fmt: skip
     if not np.allclose(m[3], [0.0, 0.0, 0.0, 1.0], atol=1e-6):
         raise InputError(
             f"{where} has a 'transform_matrix' whose last row is {m[3].tolist()}, not [0, 0, 0, 1]; "

@@ -32,7 +32,7 @@ import inspect
 import json
 import logging
 import os
-import shutil
+import re
 import socket
 import time
 import traceback
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from microdreamer.errors import InputError
-from microdreamer.io_utils import atomic_path
+from microdreamer.io_utils import MAX_NAME_BYTES, atomic_path, check_output_folder, staged_folder
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,7 @@ class BatchJob:
     kind = "job"
     suffixes: tuple[str, ...] = ()  # the input files a folder contributes
     what = "input"  # how messages name an input
+    output_is_folder = False  # an input's output is a folder (generate) or a file (mesh)
 
     def output_for(self, out_dir: Path, name: str) -> Path:
         raise NotImplementedError
@@ -191,6 +192,7 @@ class GenerateJob(BatchJob):
     kind = "generate"
     suffixes = IMAGE_SUFFIXES
     what = "image"
+    output_is_folder = True
     FILES = (
         "input_rgba.png",
         "splat.ply",
@@ -198,6 +200,7 @@ class GenerateJob(BatchJob):
         "views.png",
         "timings.json",
     )  # timings.json is written last
+    OWNED = (*FILES, "profile.json", "profile.png")  # what a run may write (an earlier run's are replaced)
 
     def output_for(self, out_dir: Path, name: str) -> Path:
         return out_dir / name
@@ -239,15 +242,9 @@ class GenerateJob(BatchJob):
     def run(self, item: BatchItem) -> dict:
         from microdreamer.jobs.generate import generate
 
-        tmp = item.output.with_name(f".{item.output.name}.tmp-{os.getpid()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        try:
+        # as a single-image run: staged, moved in as one; the user's other files in OUT/<stem>/ kept
+        with staged_folder(item.output, owned=self.OWNED) as tmp:
             report = generate(item.input, tmp, self._config, model=self._prior, device=self._device)
-            _replace_folder(tmp, item.output)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
         return {
             "num_gaussians": report["num_gaussians"],
             "mesh_faces": report["mesh_faces"],
@@ -344,19 +341,6 @@ def _import_quietly(names: Sequence[str]) -> None:
             logger.debug("import of %s failed: %r", name, e)
 
 
-def _replace_folder(src: Path, dst: Path) -> None:
-    """Rename folder ``src`` onto ``dst``, replacing a ``dst`` that exists (kept until ``src`` is in place)."""
-    old = None
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(dst, old)
-    os.replace(src, dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 # ------------------------------------------------------------------------------------------ planning
 def collect_inputs(sources: Sequence[str | os.PathLike], suffixes: Sequence[str], what: str) -> list[Path]:
     """The input files of a batch: each source as given when it is not a folder (a missing or unreadable
@@ -401,14 +385,27 @@ def plan(inputs: Sequence[Path], out_dir: str | os.PathLike, job: BatchJob) -> l
         raise InputError(
             f"{out}: exists and is not a folder; a batch writes one output per input into a folder"
         )
+    check_output_folder(out)
+    summary = out / "summary.json"
+    if summary.exists() and (summary.is_dir() or not summary.is_file()):
+        raise InputError(f"{summary}: exists and is not a file; the batch writes its summary there, move it")
     items, by_name = [], {}
     for path in inputs:
         name = Path(path).stem
+        output = job.output_for(out, name)
+        if output.parent != out or output.name in ("", ".", ".."):  # "..png": OUT/. is OUT itself
+            raise InputError(f"{path}: its name (stem {name!r}) gives no output name inside {out}; rename "
+                             "the file")  # fmt: skip
+        if len(os.fsencode(output.name)) > MAX_NAME_BYTES:
+            raise InputError(f"{path}: its name is too long for an output name; rename the file")
+        if output.exists() and output.is_dir() != job.output_is_folder:
+            kind = "a folder" if output.is_dir() else "a file"
+            raise InputError(f"{output}: is {kind} of another kind than the output of {path}; move it")
         if name in by_name:
             raise InputError(f"{by_name[name]} and {path}: both would write {job.output_for(out, name)}; "
                              "rename one or run them in separate batches")  # fmt: skip
         by_name[name] = path
-        items.append(BatchItem(name, Path(path), job.output_for(out, name)))
+        items.append(BatchItem(name, Path(path), output))
     return items
 
 
@@ -511,6 +508,29 @@ class _Worker:
         return run_item(self.job, item)
 
 
+#: seconds to wait for a Ray cluster's address to answer before giving up
+RAY_CONNECT_S = 10.0
+_RAY_ADDRESS = re.compile(r"^(?:ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+
+
+def check_ray_address(address: str, timeout: float = RAY_CONNECT_S) -> None:
+    """InputError unless ``address`` is ``auto`` or ``[ray://]host:port`` whose port answers within
+    ``timeout`` seconds (``ray.init`` itself may wait without end for a host that drops packets)."""
+    if address == "auto":
+        return
+    m = _RAY_ADDRESS.match(address)
+    if m is None or not 0 < int(m["port"]) < 65536:
+        raise InputError(f"--ray-address {address!r}: not an address; give host:port (e.g. 10.0.0.5:6379) "
+                         "or auto")  # fmt: skip
+    host = m["host"].strip("[]")
+    try:
+        socket.create_connection((host, int(m["port"])), timeout=timeout).close()
+    except OSError as e:
+        reason = "no answer" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise InputError(f"--ray-address {address}: cannot reach it ({reason} within {timeout:g} s); start the "
+                         "cluster (ray start --head) or check the address") from None  # fmt: skip
+
+
 def run_ray(
     job: BatchJob,
     items: Sequence[BatchItem],
@@ -552,7 +572,13 @@ def run_ray(
             kwargs.setdefault("num_cpus", max(workers or 1, os.cpu_count() or 1))
             ray.init(address="local", **kwargs)
         else:
-            ray.init(address=address, **kwargs)
+            check_ray_address(address)  # bounded: an unreachable host fails in seconds, not never
+            try:
+                ray.init(address=address, **kwargs)
+            except (ConnectionError, TimeoutError, RuntimeError, ValueError, OSError) as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise InputError(f"--ray-address {address}: no Ray cluster there ({first}); start one "
+                                 "(ray start --head) or leave out --ray-address") from None  # fmt: skip
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         device = getattr(job, "device", "auto")

@@ -37,8 +37,8 @@ def load_texture_image(path: str | os.PathLike) -> np.ndarray:
     try:
         with Image.open(path) as im:
             rgb = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError) as e:
-        raise InputError(f"cannot read texture image {path} ({e}); give a valid PNG or JPEG file") from e
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+        raise InputError(f"cannot read texture image {path} ({e}); give a valid PNG or JPEG file") from None
     return rgb
 
 
@@ -121,6 +121,7 @@ def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | Non
             f"use one of {', '.join(MESH_SUFFIXES)}"
         )
     tex_image = load_texture_image(texture) if texture is not None else None
+    check_references(path)
     try:
         # process=False keeps the file's vertices and faces; the OBJ reader still splits vertices at
         # UV seams (maintain_order=True would not, and would leave one UV per position)
@@ -142,6 +143,29 @@ def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | Non
     if len(mesh.faces) == 0:
         raise InputError(f"mesh file {path} has no faces; give a triangle mesh, not a point cloud")
 
+    from PIL import Image
+
+    try:
+        return _to_mesh(mesh, path, texture, tex_image)
+    except InputError:
+        raise
+    except (
+        ValueError,
+        TypeError,
+        IndexError,
+        OSError,
+        EOFError,
+        SyntaxError,
+        Image.DecompressionBombError,
+    ) as e:
+        # trimesh decodes a texture on first use (Pillow's errors, a decompression bomb); the Mesh
+        # constructor refuses indices out of range
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"cannot read mesh file {path} ({msg}); check the file and its textures") from None
+
+
+def _to_mesh(mesh, path: Path, texture, tex_image) -> Mesh:
+    """The trimesh ``mesh`` read from ``path`` as a :class:`Mesh` (``tex_image``: the texture given)."""
     vertices, faces = np.asarray(mesh.vertices), np.asarray(mesh.faces)
     face_colors = _face_colors(mesh)
     if face_colors is not None:  # unshare vertices so each face keeps its colour
@@ -172,6 +196,53 @@ def load_textured_mesh(path: str | os.PathLike, texture: str | os.PathLike | Non
     if tex is None:
         return Mesh(vertices, faces, colors)
     return Mesh(vertices, faces, colors, uv, to_uint8(tex))
+
+
+#: the statements of an OBJ / MTL that name another file (the name is the statement's last word)
+_OBJ_REFS = (b"mtllib",)
+_MTL_REFS = (b"map_", b"bump", b"disp", b"decal", b"norm", b"refl")
+
+
+def _named_files(path: Path, statements: tuple[bytes, ...]) -> list[str]:
+    names = []
+    with open(path, "rb") as f:
+        for line in f:
+            words = line.split()
+            if words and words[0].lower().startswith(statements) and len(words) > 1:
+                names.append(line.strip()[len(words[0]) :].strip().decode("utf-8", "replace").split()[-1])
+    return names
+
+
+def check_references(path: str | os.PathLike) -> None:
+    """InputError when a mesh file names another file outside its own folder: an OBJ's ``mtllib``, its
+    MTL's texture maps, a glTF's buffer and image ``uri``s (absolute, ``..``, a symlink out). trimesh
+    would read them wherever they are; a mesh is read only with the files beside it."""
+    from microdreamer.io_utils import resolve_inside
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".obj":
+            for lib in _named_files(path, _OBJ_REFS):
+                mtl = resolve_inside(path.parent, lib, "material library", path)
+                if mtl.is_file():
+                    for tex in _named_files(mtl, _MTL_REFS):
+                        resolve_inside(path.parent, (Path(lib).parent / tex).as_posix(), "texture", mtl)
+        elif suffix == ".gltf":
+            import json
+
+            data = json.loads(path.read_bytes()[: 64 << 20])
+            for key in ("buffers", "images"):
+                for item in data.get(key) or [] if isinstance(data, dict) else []:
+                    uri = item.get("uri") if isinstance(item, dict) else None
+                    if isinstance(uri, str) and not uri.startswith("data:"):
+                        from urllib.parse import unquote
+
+                        resolve_inside(path.parent, unquote(uri), "file", path)
+    except (OSError, ValueError) as e:
+        if isinstance(e, InputError):
+            raise
+        raise InputError(f"cannot read mesh file {path} ({e}); check that it is a valid mesh file") from None
 
 
 def _obj_names_a_material(path: Path) -> bool:

@@ -25,7 +25,6 @@ import html
 import json
 import logging
 import math
-import os
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -148,11 +147,15 @@ _MTLLIB = re.compile(r"^\s*mtllib\s+(.+?)\s*$", re.MULTILINE)
 _MAPS = re.compile(r"^\s*(?:map_\w+|bump|disp|decal|norm)\s+(?:-\S+\s+\S+\s+)*(.+?)\s*$", re.MULTILINE)
 
 
-def _copy_relative(src_root: Path, name: str, dst_root: Path) -> str | None:
-    """Copy ``src_root / name`` to ``dst_root / name`` when it is a file inside ``src_root``; returns
-    the relative name copied, else None (with a warning)."""
-    src = (src_root / name).resolve()
-    if not src.is_file() or not src.is_relative_to(src_root.resolve()):
+def _copy_relative(src_root: Path, name: str, dst_root: Path, source: Path, what: str) -> str | None:
+    """Copy ``src_root / name`` to ``dst_root / name``; returns the relative name copied, or None (with a
+    warning) when there is no such file. A name that leads out of ``src_root`` (absolute, ``..``, a
+    symlink) is refused (InputError naming ``source``, the file that names it): the viewer reads only
+    inside an input's folder and writes only inside its own."""
+    from microdreamer.io_utils import resolve_inside
+
+    src = resolve_inside(src_root, name, what, source)
+    if not src.is_file():
         logger.warning("%s: referenced file %s not found beside it; the view goes without it", src_root, name)
         return None
     dst = dst_root / Path(name)
@@ -168,7 +171,9 @@ def _mesh_view(path: Path, asset_dir: Path, rel: str) -> View:
     import trimesh
 
     from microdreamer.cameras import framing
+    from microdreamer.mesh.load import check_references
 
+    check_references(path)  # trimesh would read what an OBJ or glTF names, wherever it is
     try:
         loaded = trimesh.load(path, process=False)
     except Exception as e:  # trimesh raises many kinds of errors for bad files
@@ -192,14 +197,14 @@ def _mesh_view(path: Path, asset_dir: Path, rel: str) -> View:
     if path.suffix.lower() == ".obj":
         libs = _MTLLIB.findall(path.read_text(errors="replace"))
         for lib in libs[:1]:  # three's OBJ loader takes one material library
-            copied = _copy_relative(path.parent, lib, asset_dir)
+            copied = _copy_relative(path.parent, lib, asset_dir, path, "material library")
             if copied is None:
                 continue
             mtl = f"{rel}/{copied}"
             files.append(mtl)
             for tex in _MAPS.findall((path.parent / lib).read_text(errors="replace")):
                 name = (Path(lib).parent / tex).as_posix()
-                copied_tex = _copy_relative(path.parent, name, asset_dir)
+                copied_tex = _copy_relative(path.parent, name, asset_dir, path.parent / lib, "texture")
                 if copied_tex is not None:
                     files.append(f"{rel}/{copied_tex}")
     stats["bytes"] = int(sum((asset_dir.parent.parent / f).stat().st_size for f in files))
@@ -361,11 +366,11 @@ def build_viewer(
             raise InputError(f"{p} does not exist; give a mesh, a splat or an output folder")
     if not (VENDOR / "mdv-vendor.min.js").is_file():
         raise InputError(f"the viewer's JavaScript is missing from {VENDOR}; run scripts/vendor_viewer.sh")
+    from microdreamer.io_utils import check_output_folder, staged_folder
+
+    check_output_folder(out_dir)
     _check_out_dir(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with staged_folder(out_dir, replace=True) as tmp:  # a viewer folder is replaced whole, or not at all
         tmp.mkdir()
         groups = [_input_group(i, p, tmp) for i, p in enumerate(paths)]
         total = sum(f.stat().st_size for f in (tmp / "assets").rglob("*") if f.is_file())
@@ -382,12 +387,6 @@ def build_viewer(
         shutil.copytree(VENDOR, tmp / "vendor")
         for name in ("viewer.js", "viewer.css"):
             shutil.copyfile(STATIC / name, tmp / name)
-        if out_dir.exists():
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
     logger.info("wrote viewer %s (%d inputs, %.1f MB of assets%s)", out_dir, len(paths), total / 1e6,
                 ", embedded" if embedded else "")  # fmt: skip
     return out_dir / "index.html"
