@@ -97,7 +97,7 @@ def tiny_prior():
 
     prior = Zero123Prior(build_random_zero123("tiny", seed=3), Zero123Config(image_size=S))
     g = torch.Generator().manual_seed(0)
-    prior.set_reference(Reference(torch.rand(3, S, S, generator=g), torch.ones(1, S, S)))
+    prior.set_reference(Reference(torch.rand(3, S, S, generator=g), torch.ones(1, S, S)), g)  # seeded latent
     return prior
 
 
