@@ -20,7 +20,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPAT
 export PATH=/tmp/bin:$PATH
 
 setup() {
-  if [ -d .whl ]; then
+  if [ -d .whl ] && [ ! -d /tmp/site/gsplat ]; then  # reinstalling would touch the sources: gsplat rebuilds
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl || return 1
   fi

@@ -97,7 +97,7 @@ def tiny_prior():
 
     prior = Zero123Prior(build_random_zero123("tiny", seed=3), Zero123Config(image_size=S))
     g = torch.Generator().manual_seed(0)
-    prior.set_reference(Reference(torch.rand(3, S, S, generator=g), torch.ones(1, S, S)))
+    prior.set_reference(Reference(torch.rand(3, S, S, generator=g), torch.ones(1, S, S)), g)  # seeded latent
     return prior
 
 
@@ -227,9 +227,9 @@ def test_generate_with_and_without_stage2(tmp_path):
     assert set(t_on["background_seconds"]) == {"export_splat", "views_png"}  # written in a thread
     assert t_on["texture"]["mode"] == "bake" and t_on["texture"]["size"] == 32
     assert t_on["random_weights"] == "tiny" and t_on["mask_method"] == "alpha"
-    # SIR: 20 guided steps + 25 inversion steps; stage 2: 10 guided steps
-    assert t_off["prior_stats"]["unet_calls"] == 20 + 25
-    assert t_on["prior_stats"]["unet_calls"] == 20 + 25 + 10
+    # SIR: 20 guided steps from noise, then t2 901 <- t1 501: 8 inversion + 19 guided; stage 2: 10 guided
+    assert t_off["prior_stats"]["unet_calls"] == 20 + 8 + 19
+    assert t_on["prior_stats"]["unet_calls"] == 20 + 8 + 19 + 10
     assert len(read_ply(tmp_path / "on" / "splat.ply")) == on["num_gaussians"] == off["num_gaussians"] > 0
     assert on["mesh_faces"] == off["mesh_faces"] > 0
     # the prepared input beside the outputs: 64^2 RGBA, its alpha the mask the model saw
@@ -242,7 +242,7 @@ def test_generate_with_and_without_stage2(tmp_path):
     from microdreamer.cli import _sir_weights
 
     weights, guided, uncond = _sir_weights(cfg)
-    assert (guided, uncond) == (20 + 18, 7) and len(weights) == 2
+    assert (guided, uncond) == (20 + 19, 8) and len(weights) == 2
 
 
 def test_generate_command_reports_progress_and_keeps_stderr_quiet(tmp_path, capsys, caplog):
@@ -281,7 +281,8 @@ def test_generate_on_the_cpu_with_full_weights_says_how_long():
     from microdreamer.cli import _cpu_estimate
 
     note = _cpu_estimate(GenerateConfig(), None)  # real (full-size) weights
-    assert note.startswith("note: generate on the CPU") and "237 guided and 83 unconditional" in note
+    # upstream's 352 UNet calls (tests/test_priors_ddim.py): 20 + 237 guided, 95 inversion (unconditional)
+    assert note.startswith("note: generate on the CPU") and "257 guided and 95 unconditional" in note
     assert "min" in note and note == _cpu_estimate(GenerateConfig(), "full")
     assert _cpu_estimate(GenerateConfig(), "tiny") is None
 

@@ -36,7 +36,7 @@ def test_mode_presets_are_upstreams_schedules():
         both.imagedream.guidance_scale,
     ) == (31, 10, 2.0)
     assert both.sir.lambda_ref_rgb == both.sir.lambda_ref_mask == 0.0  # ImageDream: no reference-view loss
-    assert image.sir.iterations == 20 and image.prior.model == "ashawkey/stable-zero123-diffusers"
+    assert image.sir.iterations == 21 and image.prior.model == "ashawkey/stable-zero123-diffusers"
 
 
 def _tiny(cfg):

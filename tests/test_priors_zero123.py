@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,6 +77,66 @@ def test_tiny_model_saved_and_loaded_through_the_real_loader(tiny_folder):
     assert loaded.feature_extractor.crop_size == {"height": 32, "width": 32}
 
 
+def _upstream_zero123_module():
+    """A stand-in for the ``zero123`` module upstream imports its pipeline from (DreamGaussian's
+    ``zero123.py``): ``CLIPCameraProjection(embedding_dim=768, additional_embeddings=4)``, a ModelMixin
+    holding ``proj`` = Linear(D + 4, D); ``Zero123Pipeline``, a DiffusionPipeline of vae, image_encoder, unet,
+    scheduler, safety_checker (optional), feature_extractor, clip_camera_projection; and the name
+    ``ModelMixin``, which the real module imports and diffusers' loader looks up in it."""
+    import types
+
+    from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin
+    from diffusers.configuration_utils import register_to_config
+
+    class CLIPCameraProjection(ModelMixin, ConfigMixin):
+        @register_to_config
+        def __init__(self, embedding_dim: int = 768, additional_embeddings: int = 4):
+            super().__init__()
+            self.proj = torch.nn.Linear(embedding_dim + additional_embeddings, embedding_dim)
+
+    class Zero123Pipeline(DiffusionPipeline):
+        _optional_components = ["safety_checker"]
+
+        def __init__(self, vae, image_encoder, unet, scheduler, safety_checker, feature_extractor,
+                     clip_camera_projection, requires_safety_checker: bool = True):  # fmt: skip
+            super().__init__()
+            self.register_modules(vae=vae, image_encoder=image_encoder, unet=unet, scheduler=scheduler,
+                                  safety_checker=safety_checker, feature_extractor=feature_extractor,
+                                  clip_camera_projection=clip_camera_projection)  # fmt: skip
+            self.register_to_config(requires_safety_checker=requires_safety_checker)
+
+    module = types.ModuleType("zero123")
+    for cls in (CLIPCameraProjection, Zero123Pipeline):
+        cls.__module__ = "zero123"
+        setattr(module, cls.__name__, cls)
+    module.ModelMixin = ModelMixin
+    return module
+
+
+def test_saved_folder_loads_with_diffusers_own_pipeline_loader(tiny_folder, monkeypatch):
+    """Upstream loads ``Zero123Pipeline.from_pretrained(model_key)`` (guidance/zero123_utils.py L26-30):
+    diffusers resolves each (library, class) of model_index.json. Our saved folder names no microdreamer
+    class, and every component comes back with the weights saved."""
+    import json
+
+    index = json.loads((tiny_folder / "model_index.json").read_text())
+    assert "microdreamer" not in json.dumps(index).lower()
+    assert index["clip_camera_projection"] == ["zero123", "CLIPCameraProjection"]
+    module = _upstream_zero123_module()
+    monkeypatch.setitem(sys.modules, "zero123", module)
+    pipe = module.Zero123Pipeline.from_pretrained(tiny_folder)
+    built = build_random_zero123("tiny", seed=3)
+    assert pipe.safety_checker is None and type(pipe.scheduler).__name__ == "DDIMScheduler"
+    assert torch.equal(pipe.clip_camera_projection.proj.weight, built.camera_projection.weight)
+    assert torch.equal(pipe.clip_camera_projection.proj.bias, built.camera_projection.bias)
+    for name in ("unet", "vae", "image_encoder"):
+        a, b = getattr(pipe, name).state_dict(), getattr(built, name).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    assert pipe.feature_extractor.crop_size == {"height": 32, "width": 32}
+    # and our loader still reads the camera embedding the folder declares
+    assert load_components(tiny_folder).camera_embedding == "stable-zero123"
+
+
 def test_repo_id_is_found_in_a_local_hf_cache_without_network(tiny_folder, tmp_path, monkeypatch):
     """Lay the folder out as a Hugging Face cache snapshot and load it by repo id, offline."""
     import shutil
@@ -115,6 +177,67 @@ def test_missing_model_is_one_line_input_error(case, tmp_path, tiny_folder):
 
 
 # ------------------------------------------------------------------------------------ camera embeddings
+# ------------------------------------------------------------------------------- CLIP input, VAE latents
+def test_clip_input_is_truncated_to_8_bits_as_to_pil_image():
+    """Upstream hands CLIP ``TF.to_pil_image(x)`` (guidance/zero123_utils.py L59; imagedream_utils.py L53):
+    float * 255 cast to uint8, a truncation (0.5 -> 127, 0.999 -> 254; rounding would give 128, 255)."""
+    from microdreamer.priors.zero123 import to_8bit
+
+    x = torch.tensor([0.0, 0.5, 0.999, 1.0, 0.2, 0.0039]).reshape(1, 3, 1, 2)
+    got = np.asarray(to_8bit(x)[0]).transpose(2, 0, 1).reshape(-1)
+    assert got.tolist() == [0, 127, 254, 255, 51, 0]
+    g = torch.Generator().manual_seed(0)
+    y = torch.rand(2, 3, 16, 16, generator=g)
+    want = (y.numpy() * 255).astype("uint8")  # numpy's float -> uint8 cast truncates too
+    for img, w in zip(to_8bit(y), want, strict=True):
+        assert (np.asarray(img) == w.transpose(1, 2, 0)).all()
+
+
+@pytest.mark.parametrize("processor_class", ["CLIPImageProcessorPil", "CLIPImageProcessor"])
+def test_clip_pixels_are_the_pil_processors_whatever_processor_class_is_given(processor_class):
+    """transformers 5: ``CLIPImageProcessor`` is torchvision-backed where torchvision is installed (the PIL
+    one otherwise). clip_pixels takes only its settings and computes with the PIL-backed processor, upstream's
+    (transformers 4's), so both classes give the same pixel values, bit for bit."""
+    import transformers
+
+    from microdreamer.priors.zero123 import clip_pixels, to_8bit
+
+    settings = {"size": {"shortest_edge": 224}, "crop_size": {"height": 224, "width": 224}}
+    processor = getattr(transformers, processor_class)(**settings)
+    images = torch.rand(2, 3, 256, 256, generator=torch.Generator().manual_seed(1))
+    want = transformers.CLIPImageProcessorPil(**settings)(images=to_8bit(images), return_tensors="pt")
+    got = clip_pixels(images, processor)
+    assert got.shape == (2, 3, 224, 224) and torch.equal(got, want.pixel_values)
+
+
+def test_vae_latents_are_the_posteriors_seeded_sample_or_its_mode(tiny_prior):
+    """Upstream's ``encode_imgs`` (guidance/zero123_utils.py L242-254, mode=False) samples the posterior:
+    diffusers' ``latent_dist.sample(generator)``, scaled; ``latents="mode"`` gives its mean."""
+    from microdreamer.priors.zero123 import LatentCodec
+
+    images = torch.rand(3, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(5))
+    vae = tiny_prior.nets.vae
+    with torch.no_grad():
+        dist = vae.encode(images * 2 - 1).latent_dist
+        want = dist.sample(torch.Generator().manual_seed(7)) * vae.config.scaling_factor
+        got = tiny_prior.encode(images, torch.Generator().manual_seed(7))
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)  # float32, the same draws
+        assert torch.equal(got, tiny_prior.encode(images, torch.Generator().manual_seed(7)))
+        mode = LatentCodec(vae, torch.float32, SIZE, False, "mode").encode(images)
+        torch.testing.assert_close(mode, dist.mode() * vae.config.scaling_factor, rtol=1e-6, atol=1e-6)
+        assert (got - mode).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="latents"):
+        LatentCodec(vae, torch.float32, SIZE, False, "mean")
+
+
+def test_stage2_renders_shrink_with_plain_bilinear_as_upstream(tiny_prior):
+    """Upstream's ``refine`` (guidance/zero123_utils.py L93-94): ``F.interpolate(pred_rgb, (256, 256),
+    mode='bilinear', align_corners=False)``, no antialiasing."""
+    big = torch.rand(2, 3, 2 * SIZE, 2 * SIZE, generator=torch.Generator().manual_seed(6))
+    want = torch.nn.functional.interpolate(big, (SIZE, SIZE), mode="bilinear", align_corners=False)
+    assert torch.equal(tiny_prior.codec.resize(big), want)
+
+
 def test_camera_embeddings_match_hand_computed_values():
     ref = Reference(
         torch.ones(3, 4, 4), torch.ones(1, 4, 4), elevation_deg=-10.0, azimuth_deg=0.0, radius=2.0
@@ -165,8 +288,8 @@ def test_ddim_schedule_is_microdreamers():
     assert dd.timesteps == list(range(951, 0, -50))  # leading spacing, steps_offset 1, 20 steps
     assert dd.scheduler.config.beta_schedule == "scaled_linear" and not dd.scheduler.config.clip_sample
     assert dd.plan(1.0, 0.6) == (None, 951)  # pure noise from the top of the grid
-    assert dd.plan(0.9, 0.6) == (501, 851)  # t2 <= 900, t1 <= 540
-    assert dd.plan(0.2, 0.6) == (101, 151)
+    assert dd.plan(0.9, 0.6) == (501, 851)  # t2 <= 900; t1: inverse grid [int(0.851 * 20 * 0.6) = 10]
+    assert dd.plan(0.2, 0.6) == (51, 151)  # t1: inverse grid [int(0.151 * 20 * 0.6) = 1]
     assert dd.plan(0.0005, 0.6) == (None, None)  # below the grid: nothing to do
 
 
@@ -280,8 +403,9 @@ def test_strength_refine_is_upstreams_loop_on_diffusers_scheduler(tiny_prior):
     sched = DDIMScheduler(**DDIMConfig().scheduler_kwargs())
     sched.set_timesteps(50)
     with torch.no_grad():
-        lat = tiny_prior.encode(renders)
-        noise = torch.randn(lat.shape, generator=torch.Generator().manual_seed(4))
+        gen = torch.Generator().manual_seed(4)
+        lat = tiny_prior.encode(renders, gen)  # the posterior's sample: the generator's first draw
+        noise = torch.randn(lat.shape, generator=gen)
         x = sched.add_noise(lat, noise, sched.timesteps[40:41])
         eps = tiny_prior._eps_guided(tiny_prior.context(views), 2.0)
         for t in sched.timesteps[40:]:
@@ -426,7 +550,8 @@ def test_prior_layouts_and_shortcut_agree_on_cuda():
         )
         with torch.no_grad():
             eps = prior.unet(x, 451, ctx)
-            lat = prior.encode(imgs)
+            # the posterior's sample from the same seeded noise in every configuration
+            lat = prior.encode(imgs, torch.Generator(device="cuda").manual_seed(1))
             outs[name] = (eps, lat, prior.decode(lat))
     # TF32 convolutions and matmuls (PyTorch's default on Ampere+ for cuDNN) in other algorithms
     for a, b in zip(outs["fast"], outs["plain"], strict=True):

@@ -47,12 +47,18 @@ def _small_train(**kw) -> TrainConfig:
 
 
 # --------------------------------------------------------------------------------------- schedule, views
-def test_t_stop_schedule_is_pure_noise_then_linear_from_t_start_to_t_end():
+def test_t_stop_schedule_is_pure_noise_then_upstreams_t2_on_the_priors_grid():
+    """MicroDreamer's t2 / T (the list itself: tests/test_priors_ddim.py): 1, then 0.901 (main.py L112-121:
+    ``int(20 * (1 - 0.9))`` is 1) down to 0.201, on the 20-step grid; on a 10-step grid the same t_start,
+    t_end land on that grid's timesteps."""
+    from microdreamer.priors.ddim import DDIMConfig
+
     cfg = SIRConfig()
     t = [t_stop_schedule(k, cfg) for k in range(cfg.iterations)]
-    assert t[0] == 1.0 and t[1] == pytest.approx(0.9) and t[-1] == pytest.approx(0.2)
-    steps = np.diff(t[1:])
-    np.testing.assert_allclose(steps, -0.7 / 18, rtol=1e-12)  # linear over iterations 1..19
+    assert len(t) == 21 and t[0] == 1.0 and t[1] == 0.901 and t[-1] == 0.201
+    assert all(round(x * 1000) % 50 == 1 for x in t[1:]) and t[1:] == sorted(t[1:], reverse=True)
+    coarse = [t_stop_schedule(k, cfg, DDIMConfig(num_inference_steps=10)) for k in range(1, cfg.iterations)]
+    assert coarse[0] == 0.901 and coarse[-1] == 0.201 and all(round(x * 1000) % 100 == 1 for x in coarse)
 
 
 @pytest.mark.parametrize("ref_el", [0.0, -40.0, 60.0])
@@ -116,8 +122,11 @@ class _Recording(Prior):
     def __init__(self, inner: Prior) -> None:
         self.inner, self.calls = inner, []
 
-    def set_reference(self, reference):
-        self.inner.set_reference(reference)
+    def set_reference(self, reference, generator=None):
+        self.inner.set_reference(reference, generator)
+
+    def ddim_grid(self):
+        return self.inner.ddim_grid()
 
     def refine(self, images, views, t_stop, generator=None):
         out = self.inner.refine(images, views, t_stop, generator)
@@ -138,7 +147,7 @@ def test_sir_with_a_tiny_zero123_gives_targets_of_the_right_shape_and_range():
     cfg = SIRConfig(iterations=2, views=2, init_steps=2, recon_steps=2, image_size=size, white_check_size=size,
                     train=_small_train(num_pts=200))  # fmt: skip
     result = run_sir(prior, _reference(_blobs(), size), cfg, "cpu")
-    assert [c[2] for c in prior.calls] == [1.0, 0.9]
+    assert [c[2] for c in prior.calls] == [1.0, 0.901]
     assert prior.calls[0][0] is None and prior.calls[1][0] == (
         2,
         3,
@@ -148,9 +157,27 @@ def test_sir_with_a_tiny_zero123_gives_targets_of_the_right_shape_and_range():
     for _, n, _, out in prior.calls:
         assert n == 2 and out.shape == (2, 3, size, size)
         assert torch.isfinite(out).all() and out.min() >= 0 and out.max() <= 1
-    assert result.prior_stats["unet_calls"] == 20 + 7 + 18  # noise: 20; t2 851 <- t1 501: 7 + 18
+    assert result.prior_stats["unet_calls"] == 20 + 8 + 19  # noise: 20; t2 901 <- t1 501: 8 + 19
     for t in result.splat.tensors().values():
         assert torch.isfinite(t).all()
+
+
+def test_default_sir_makes_upstreams_21_prior_calls_and_352_unet_calls():
+    """MicroDreamer's image-to-3D (configs/image_sai.yaml L88-91: total_steps 21, denoise_steps 20; main.py
+    L724 ``train(total_steps)``), counted in a tiny CPU run with the default schedule: 21 refinements (the
+    first from noise), t2 / T = upstream's t2 list / 1000, 352 UNet calls."""
+    pytest.importorskip("diffusers", reason="the Zero123 prior needs diffusers")
+    from microdreamer.priors.factory import build_random_zero123
+    from microdreamer.priors.zero123 import Zero123Config, Zero123Prior
+
+    size = 64
+    prior = _Recording(Zero123Prior(build_random_zero123("tiny", seed=0), Zero123Config(image_size=size)))
+    cfg = SIRConfig(views=2, init_steps=1, recon_steps=1, image_size=size, white_check_size=size,
+                    white_prune=False, train=_small_train(num_pts=100))  # fmt: skip
+    result = run_sir(prior, _reference(_blobs(), size), cfg, "cpu")
+    t2 = [901, 851, 801, 751, 751, 701, 651, 651, 601, 551, 501, 501, 451, 401, 401, 351, 301, 301, 251, 201]
+    assert len(prior.calls) == 21 and [c[2] for c in prior.calls] == [1.0] + [t / 1000 for t in t2]
+    assert result.prior_stats["unet_calls"] == 352
 
 
 # ---------------------------------------------------------------------------------------- final prune

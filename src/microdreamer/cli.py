@@ -580,16 +580,14 @@ def _mesh_stages(file=None):
 def _sir_weights(cfg) -> tuple[list[float], int, int]:
     """Each SIR iteration's relative cost for the time-left estimate, and the UNet calls of the run
     (guided, unconditional): iteration k denoises from its t2 (guided calls, twice the views' batch) after
-    inverting from t1 (unconditional calls), the DDIM grid of ``cfg.prior.ddim`` (:meth:`DDIMRoundTrip.plan`)."""
-    from microdreamer.priors.ddim import DDIMRoundTrip
-    from microdreamer.sir import t_stop_schedule
+    inverting from t1 (unconditional calls), on the DDIM grid of ``cfg.prior.ddim``
+    (:func:`microdreamer.priors.ddim.sir_timesteps`)."""
+    from microdreamer.priors.ddim import ddim_calls, sir_timesteps
 
-    grid = DDIMRoundTrip(cfg.prior.ddim)
+    s, p = cfg.sir, cfg.prior
     weights, guided, uncond = [], 0, 0
-    for k in range(cfg.sir.iterations):
-        t1, t2 = grid.plan(t_stop_schedule(k, cfg.sir), cfg.prior.inversion_ratio)
-        g = 0 if t2 is None else sum(1 for t in grid.timesteps if t <= t2)
-        u = 0 if t1 is None or t2 is None else (t2 - t1) // grid.step_size
+    for t1, t2 in sir_timesteps(s.iterations, s.t_start, s.t_end, p.inversion_ratio, p.ddim):
+        u, g = ddim_calls(t1, t2, p.ddim)
         guided, uncond = guided + g, uncond + u
         weights.append(2.0 * g + u + 1.0)  # + 1: the reconstruction steps, rendering, VAE
     return weights, guided, uncond

@@ -687,9 +687,11 @@ class SIRConfig(Config):
     for image-to-3D with Stable-Zero123.
 
     Attributes:
-        iterations: K outer iterations (the first starts from pure noise).
+        iterations: K outer iterations = prior calls, upstream's ``total_steps`` (``main.py`` runs
+            ``train(total_steps)``): the first from pure noise, then K - 1 annealed.
         views: C novel views per iteration.
-        t_start, t_end: t2 / T of the second and of the last iteration; linear in between.
+        t_start, t_end: where the annealed t2 starts and ends, MicroDreamer's rule on the prior's DDIM grid
+            (:func:`microdreamer.priors.ddim.annealed_t2`; 0.9, 0.2 on 20 steps: 901, 851, ..., 251, 201).
         init_steps: reconstruction steps of the first iteration.
         recon_steps: reconstruction steps of every later iteration.
         elevation_range: (a, b) degrees of the novel views' elevations (see
@@ -711,7 +713,7 @@ class SIRConfig(Config):
         seed: seeds the views, the diffusion noise and the initialisation.
     """
 
-    iterations: int = setting(20, "SIR iterations")
+    iterations: int = setting(21, "SIR iterations (prior calls; the first from pure noise)")
     views: int = 6
     t_start: float = 0.9
     t_end: float = 0.2
@@ -788,6 +790,8 @@ class DDIMConfig(Config):
 
 
 CAMERA_EMBEDDINGS = ("stable-zero123", "zero123-xl")
+#: what a prior's VAE encoding gives: the posterior's sample (MicroDreamer's) or its mode (mean)
+LATENTS = ("sample", "mode")
 DEFAULT_ZERO123 = "ashawkey/stable-zero123-diffusers"
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 
@@ -805,7 +809,11 @@ class Zero123Config(Config):
         eta: DDIM eta of the denoising steps (MicroDreamer: 0.5).
         inversion_ratio: t1 = inversion_ratio * t2: noise is added up to t1, then DDIM inversion with the
             unconditional prediction runs from t1 to t2 (MicroDreamer: 0.6).
-        image_size: the side of the images the model sees (Zero123: 256); other sizes are resized.
+        latents: what encoding an image (the input view, the renders) gives: "sample", the VAE posterior's
+            sample, drawn from the run's seeded generator (MicroDreamer's ``encode_imgs``), or "mode", its
+            mean (deterministic).
+        image_size: the side of the images the model sees (Zero123: 256); other sizes are resized (plain
+            bilinear, upstream's).
         dtype: "auto" (float16 on CUDA, float32 on the CPU), "float16", "bfloat16" or "float32".
         cuda_graphs: replay the UNet (one graph per batch size) and the VAE's encoder and decoder from CUDA
             graphs instead of launching their kernels one by one from Python; CUDA only.
@@ -833,6 +841,7 @@ class Zero123Config(Config):
     guidance_scale: float = 3.0
     eta: float = 0.5
     inversion_ratio: float = 0.6
+    latents: str = "sample"
     image_size: int = 256
     dtype: str = "auto"
     cuda_graphs: bool = True
@@ -847,6 +856,7 @@ class Zero123Config(Config):
     def validate(self) -> None:
         self.choose("camera_embedding", ("auto", *CAMERA_EMBEDDINGS))
         self.choose("dtype", DTYPES)
+        self.choose("latents", LATENTS)
         self.require("inversion_ratio", 0.0 < self.inversion_ratio <= 1.0, "must be in (0, 1]")
         self.require("image_size", self.image_size >= 8, "must be at least 8 pixels")
 
@@ -877,8 +887,10 @@ class MVDreamConfig(Config):
             scale; upstream's text config sets none).
         eta: DDIM eta of the denoising steps (upstream's MVDream refinement: 0).
         inversion_ratio: t1 = inversion_ratio * t2 (noise to t1, DDIM inversion t1 -> t2; upstream: 0.6).
+        latents: what encoding an image gives: "sample", the VAE posterior's sample from the run's seeded
+            generator (upstream's ``get_first_stage_encoding``), or "mode", its mean.
         frames: F, views per group (MVDream: 4); refine takes a multiple of F views.
-        image_size: the side of the images the model sees (256); other sizes are resized.
+        image_size: the side of the images the model sees (256); other sizes are resized (plain bilinear).
         dtype: "auto" (float16 on CUDA, float32 on the CPU), "float16", "bfloat16" or "float32".
         cuda_graphs: replay the UNet (one graph per batch) and the VAE from CUDA graphs; CUDA only.
         channels_last: keep the UNet's activations in NHWC; CUDA only.
@@ -894,6 +906,7 @@ class MVDreamConfig(Config):
     guidance_scale: float = 7.5
     eta: float = 0.0
     inversion_ratio: float = 0.6
+    latents: str = "sample"
     frames: int = 4
     image_size: int = 256
     dtype: str = "auto"
@@ -906,6 +919,7 @@ class MVDreamConfig(Config):
 
     def validate(self) -> None:
         self.choose("dtype", DTYPES)
+        self.choose("latents", LATENTS)
         self.require("inversion_ratio", 0.0 < self.inversion_ratio <= 1.0, "must be in (0, 1]")
         self.require("frames", self.frames >= 1, "must be at least 1")
         self.require("image_size", self.image_size >= 8, "must be at least 8 pixels")
@@ -913,11 +927,14 @@ class MVDreamConfig(Config):
 
 @dataclass
 class ImageDreamConfig(MVDreamConfig):
-    """The ImageDream prior (:mod:`microdreamer.priors.imagedream`); MicroDreamer's ``configs/imagedream.yaml``:
-    ``cfg`` 2.0, ``eta`` 0, ``inv_r`` 0.6, ``denoise_steps`` 10 (other fields as :class:`MVDreamConfig`)."""
+    """The ImageDream prior (:mod:`microdreamer.priors.imagedream`); MicroDreamer's
+    ``configs/imagedream.yaml`` ``cfg`` 2.0 and ``denoise_steps`` 10; eta 1.0 and inversion ratio 0.6 are
+    ``imagedream_utils.train_step``'s defaults, which win: ``main.py`` passes neither (the YAML's
+    ``eta: 0.0``, ``inv_r`` never reach it). Other fields as :class:`MVDreamConfig`."""
 
     model: str = DEFAULT_IMAGEDREAM
     guidance_scale: float = 2.0
+    eta: float = 1.0
     ddim: DDIMConfig = dataclasses.field(default_factory=_ddim(10))
 
 

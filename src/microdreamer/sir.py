@@ -5,7 +5,8 @@ Each of K outer iterations:
 1. draws C novel views (azimuths evenly spaced from a random start, elevations uniform in a range
    around the input's, radius 2) and renders the current splat there on white;
 2. asks the prior to refine the renders into targets (:meth:`Prior.refine`) with t2 / T = 1 (pure
-   noise) at the first iteration, then annealed linearly from ``t_start`` to ``t_end``;
+   noise) at the first iteration, then annealed from ``t_start`` to ``t_end`` by MicroDreamer's rule on
+   the prior's DDIM grid (:func:`t_stop_schedule`; ``iterations`` = upstream's ``total_steps``);
 3. takes ``recon_steps`` plain Gaussian-splatting steps (:class:`~microdreamer.train.GaussianTrainer`,
    Adam, densify and prune as configured) on the loss
 
@@ -28,8 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from microdreamer.cameras import Cameras
-from microdreamer.config import SIRConfig
+from microdreamer.config import DDIMConfig, SIRConfig
 from microdreamer.priors.base import OrbitViews, Prior, Reference, even_orbit_views
+from microdreamer.priors.ddim import annealed_t2
 from microdreamer.profiling import StageTimer
 from microdreamer.splat import SH_C0, Splat
 from microdreamer.train import GaussianTrainer, random_ball_splat
@@ -39,15 +41,15 @@ logger = logging.getLogger(__name__)
 WHITE = (1.0, 1.0, 1.0)
 
 
-def t_stop_schedule(iteration: int, config: SIRConfig) -> float:
-    """t2 / T of outer iteration ``iteration`` (0-based): 1 at the first, then linear from
-    ``t_start`` (second) to ``t_end`` (last)."""
+def t_stop_schedule(iteration: int, config: SIRConfig, grid: DDIMConfig | None = None) -> float:
+    """t2 / T of outer iteration ``iteration`` (0-based): 1 at the first (pure noise), then MicroDreamer's
+    annealed t2 from ``t_start`` to ``t_end`` on the prior's DDIM ``grid``
+    (:func:`~microdreamer.priors.ddim.annealed_t2`; None: the default 20-step grid)."""
     if iteration == 0:
         return 1.0
-    K = config.iterations
-    if K <= 2:
-        return config.t_start
-    return config.t_start + (config.t_end - config.t_start) * (iteration - 1) / (K - 2)
+    grid = grid or DDIMConfig()
+    t2 = annealed_t2(iteration - 1, config.iterations - 1, config.t_start, config.t_end, grid)
+    return t2 / grid.num_train_timesteps
 
 
 @dataclass
@@ -149,9 +151,10 @@ def run_sir(
     timer = timer or StageTimer()
     S = config.image_size
     ref = _resized_reference(reference, S) if reference is not None else None
+    noise_gen = torch.Generator(device=getattr(prior, "device", device)).manual_seed(config.seed + 1)
     if ref is not None:
         with timer.stage("embed"):
-            prior.set_reference(ref)
+            prior.set_reference(ref, noise_gen)
     ref_in_loss = ref is not None and (config.lambda_ref_rgb > 0 or config.lambda_ref_mask > 0)
     tc = config.train
     if initial is None:
@@ -160,7 +163,7 @@ def run_sir(
         )
     trainer = GaussianTrainer(initial.to(device), tc)
     view_gen = torch.Generator().manual_seed(config.seed)
-    noise_gen = torch.Generator(device=getattr(prior, "device", device)).manual_seed(config.seed + 1)
+    grid = prior.ddim_grid()
 
     C = config.views
     white = torch.tensor(WHITE, device=device)  # a device tensor: no host-to-device copy per step
@@ -174,7 +177,7 @@ def run_sir(
     ref_azimuth = ref.azimuth_deg if ref is not None else 0.0
     history = []
     for k in range(config.iterations):
-        t_stop = t_stop_schedule(k, config)
+        t_stop = t_stop_schedule(k, config, grid)
         views = even_orbit_views(C, ref_elevation, config.elevation_range, config.radius, view_gen)
         views = OrbitViews(views.elevation_deg, views.azimuth_deg + ref_azimuth, views.radius)
         cams = OrbitViews.cat([views, ref.views] if ref_in_loss else [views]).cameras(config.fovy_deg, S, S)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from microdreamer.cameras import Cameras, orbit_cameras
+from microdreamer.config import DDIMConfig
 
 
 @dataclass
@@ -160,9 +161,15 @@ class Prior(abc.ABC):
     #: image side the prior works at (None: any size).
     image_size: int | None = None
 
-    def set_reference(self, reference: Reference) -> None:
-        """Condition on the input view (embeddings are computed here, once)."""
+    def set_reference(self, reference: Reference, generator: torch.Generator | None = None) -> None:
+        """Condition on the input view (embeddings are computed here, once); ``generator`` (on the
+        prior's device) draws what is random in that, e.g. a VAE posterior's sample."""
         self.reference = reference
+
+    def ddim_grid(self) -> DDIMConfig | None:
+        """The DDIM grid the prior refines on: SIR lays its t2 schedule on it
+        (:func:`microdreamer.sir.t_stop_schedule`). None: no grid of its own (the default one is used)."""
+        return None
 
     @abc.abstractmethod
     def refine(

@@ -7,6 +7,8 @@ only chooses the timesteps and runs the loops. What is ours:
 * the timestep grid is the denoising scheduler's (``leading`` spacing with ``steps_offset`` = 1 and 20
   steps: 951, 901, ..., 1); a continuous t (as a fraction of T) is mapped to the largest grid
   timestep not above it;
+* which t2 and t1 each SIR iteration visits is MicroDreamer's rule, with its floating-point truncation
+  (:func:`annealed_t2`, :func:`inversion_t1`, :func:`sir_timesteps`: the one place the schedule lives);
 * inversion from grid timestep ``a`` to the next one up ``b = a + T / steps`` evaluates the network
   at ``(x_a, a)`` (the noise level the latents actually have) and applies diffusers' inverse step,
   the exact algebraic inverse of the denoising step ``b -> a`` given the same noise prediction;
@@ -50,6 +52,58 @@ def grid_timesteps(config: DDIMConfig, inverse: bool = False) -> list[int]:
     else:
         raise ValueError(f"timestep_spacing {config.timestep_spacing!r}: use leading or trailing")
     return [int(t) for t in grid]
+
+
+def annealed_t2(index: int, count: int, t_start: float, t_end: float, config: DDIMConfig) -> int:
+    """t2 of the ``index``-th of ``count`` annealed refinements (0-based; SIR's iterations after the first).
+
+    MicroDreamer's ``main.py`` ``get_denoise_schedule``: the descending grid's entry at
+    ``int(index / count * (end - start) + start)`` with ``start = steps * (1 - t_start)``, ``end = steps *
+    (1 - t_end)``, in float64 as Python computes it, truncated: ``20 * (1 - 0.9)`` is 1.9999999999999996,
+    so t_start 0.9 on 20 steps starts at index 1 (901), not 2 (851).
+    """
+    if not 0 <= index < count:
+        raise ValueError(f"annealed refinement {index} of {count}: the index must be in 0..{count - 1}")
+    grid = grid_timesteps(config)
+    steps = config.num_inference_steps
+    start = steps * (1 - t_start)
+    end = steps * (1 - t_end)
+    position = int(index / count * (end - start) + start)
+    return grid[min(max(position, 0), len(grid) - 1)]
+
+
+def inversion_t1(t2: int, inversion_ratio: float, config: DDIMConfig) -> int:
+    """t1 (where the noise is added, the DDIM inversion's start) for t2, by MicroDreamer's rule
+    (``guidance/zero123_utils.py``, ``imagedream_utils.py``, ``mvdream_utils.py`` ``train_step``): the
+    ascending (inverse) grid's entry at ``int(t2 / T * steps * inversion_ratio)``, computed as upstream
+    computes it: on a float32 tensor (t2 is a timestep tensor), truncated. E.g. t2 = 551, 20 steps, 0.6:
+    6.612 -> index 6 -> t1 = 301. Never above t2."""
+    up = grid_timesteps(config, inverse=True)
+    x = torch.tensor(t2, dtype=torch.long) / config.num_train_timesteps * config.num_inference_steps
+    index = int((x * inversion_ratio).to(torch.long))  # float32 -> int64 truncates, as upstream's
+    return min(up[min(index, len(up) - 1)], t2)
+
+
+def sir_timesteps(
+    iterations: int, t_start: float, t_end: float, inversion_ratio: float, config: DDIMConfig
+) -> list[tuple[int | None, int]]:
+    """(t1, t2) of each of SIR's ``iterations`` refinements (MicroDreamer's ``train(total_steps)``): the
+    first from pure noise through the whole grid (t1 None, t2 the grid's top), then ``iterations - 1``
+    annealed ones (:func:`annealed_t2`, :func:`inversion_t1`)."""
+    if iterations < 1:
+        raise ValueError(f"iterations must be at least 1, got {iterations}")
+    plan: list[tuple[int | None, int]] = [(None, grid_timesteps(config)[0])]
+    for i in range(iterations - 1):
+        t2 = annealed_t2(i, iterations - 1, t_start, t_end, config)
+        plan.append((inversion_t1(t2, inversion_ratio, config), t2))
+    return plan
+
+
+def ddim_calls(t1: int | None, t2: int, config: DDIMConfig) -> tuple[int, int]:
+    """(inversion steps, denoising steps) of one refinement (t1, t2): the network calls it makes."""
+    grid = grid_timesteps(config)
+    step = config.num_train_timesteps // config.num_inference_steps
+    return (0 if t1 is None else (t2 - t1) // step), sum(1 for t in grid if t <= t2)
 
 
 class DDIMRoundTrip:
@@ -182,14 +236,13 @@ class DDIMRoundTrip:
         """Grid timesteps (t1, t2) of one refinement for ``t_stop`` = t2 / T.
 
         ``t2`` is the largest grid timestep <= t_stop * T (None: t_stop is below the grid, nothing to
-        do); ``t1`` the largest grid timestep <= inversion_ratio * t_stop * T, clamped into [lowest grid
-        timestep, t2]. For t_stop >= 1 the plan is (None, top of the grid): start from pure noise.
+        do; t_stop * T is rounded to 6 decimals first, so t_stop = t2 / T gives t2 back); ``t1`` is
+        :func:`inversion_t1` of t2. For t_stop >= 1 the plan is (None, top of the grid): start from pure
+        noise.
         """
         if t_stop >= 1.0:
             return None, self.timesteps[0]
-        t2 = self.grid_at_or_below(t_stop * self.T)
+        t2 = self.grid_at_or_below(round(t_stop * self.T, 6))
         if t2 is None:
             return None, None
-        t1 = self.grid_at_or_below(inversion_ratio * t_stop * self.T)
-        t1 = min(t1 if t1 is not None else self.timesteps[-1], t2)
-        return t1, t2
+        return inversion_t1(t2, inversion_ratio, self.config), t2

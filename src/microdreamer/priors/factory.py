@@ -150,11 +150,35 @@ def build_random_zero123(
     return comps
 
 
+def zero123_model_index(camera_embedding: str | None = None) -> dict:
+    """``model_index.json`` of a Zero123 folder, the Hub layout of ``ashawkey/stable-zero123-diffusers``:
+    the components as (library, class) pairs that diffusers' ``DiffusionPipeline.from_pretrained`` resolves,
+    with the camera projection in the ``zero123`` module (DreamGaussian's ``zero123.py``, which upstream
+    MicroDreamer imports its ``Zero123Pipeline`` from) and no safety checker. ``camera_embedding`` goes
+    under a key starting with "_", which diffusers' loaders leave alone."""
+    import diffusers
+
+    return {
+        "_class_name": "Zero123Pipeline",
+        "_diffusers_version": diffusers.__version__,
+        "_camera_embedding": camera_embedding,
+        "clip_camera_projection": ["zero123", "CLIPCameraProjection"],
+        "feature_extractor": ["transformers", "CLIPImageProcessor"],
+        "image_encoder": ["transformers", "CLIPVisionModelWithProjection"],
+        "requires_safety_checker": False,
+        "safety_checker": [None, None],
+        "scheduler": ["diffusers", "DDIMScheduler"],
+        "unet": ["diffusers", "UNet2DConditionModel"],
+        "vae": ["diffusers", "AutoencoderKL"],
+    }
+
+
 def save_zero123(
     components: Zero123Components, folder: str | os.PathLike, ddim: DDIMConfig | None = None
 ) -> Path:
-    """Write a model in the diffusers layout (weights as safetensors) to ``folder``, which must not
-    exist or be empty. Written under a temporary name and renamed, so a failure leaves nothing."""
+    """Write a model in the diffusers Hub layout (weights as safetensors, :func:`zero123_model_index`) to
+    ``folder``, which must not exist or be empty. Written under a temporary name and renamed, so a failure
+    leaves nothing."""
     from diffusers import DDIMScheduler
 
     folder = Path(folder)
@@ -171,16 +195,7 @@ def save_zero123(
         components.feature_extractor.save_pretrained(tmp / "feature_extractor")
         save_camera_projection(components.camera_projection, tmp / "clip_camera_projection")
         DDIMScheduler(**(ddim or DDIMConfig()).scheduler_kwargs()).save_pretrained(tmp / "scheduler")
-        index = {
-            "_class_name": "Zero123Pipeline",
-            "unet": ["diffusers", "UNet2DConditionModel"],
-            "vae": ["diffusers", "AutoencoderKL"],
-            "image_encoder": ["transformers", "CLIPVisionModelWithProjection"],
-            "feature_extractor": ["transformers", "CLIPImageProcessor"],
-            "clip_camera_projection": ["microdreamer", "CLIPCameraProjection"],
-            "scheduler": ["diffusers", "DDIMScheduler"],
-            "microdreamer_camera_embedding": components.camera_embedding,
-        }
+        index = zero123_model_index(components.camera_embedding)
         (tmp / "model_index.json").write_text(json.dumps(index, indent=2))
         if folder.exists():
             folder.rmdir()

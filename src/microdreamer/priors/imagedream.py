@@ -9,7 +9,7 @@ The model (a diffusers-format folder, the layout of ``ashawkey/imagedream-ipmv-d
 
 Conditioning of one group of F = 4 views (upstream's pixel controller):
 
-* the input image is a fifth view of the group: its clean VAE latent (the posterior's mode, scaled)
+* the input image is a fifth view of the group: its clean VAE latent (the posterior's sample, scaled)
   takes the fifth latent slot, its camera input is all zeros, its noise prediction is dropped; it
   joins the group's self-attention like any view;
 * every cross-attention also attends to 16 image-prompt tokens: the CLIP vision tower's penultimate
@@ -31,6 +31,7 @@ from microdreamer.config import ImageDreamConfig
 from microdreamer.priors.base import Reference
 from microdreamer.priors.mvdream import SUBFOLDERS as MVDREAM_SUBFOLDERS
 from microdreamer.priors.mvdream import MVDreamPrior
+from microdreamer.priors.zero123 import clip_pixels
 
 logger = logging.getLogger(__name__)
 
@@ -72,27 +73,23 @@ class ImageDreamPrior(MVDreamPrior):
     @torch.no_grad()
     def image_features(self, rgb: torch.Tensor) -> torch.Tensor:
         """[1, 257, 1280] CLIP features (the vision tower's penultimate hidden states, as ImageDream's
-        ``local`` image prompt) of one image [1, 3, H, W] in [0, 1]."""
-        import numpy as np
-        from PIL import Image
-
-        pil = Image.fromarray(
-            (rgb[0].permute(1, 2, 0).clamp(0, 1).cpu().numpy() * 255 + 0.5).astype(np.uint8)
-        )
-        pixels = self.nets.feature_extractor(images=[pil], return_tensors="pt").pixel_values
+        ``local`` image prompt) of one image [1, 3, H, W] in [0, 1], seen as upstream hands it over
+        (:func:`~microdreamer.priors.zero123.clip_pixels`: 8 bits by truncation, the PIL processor)."""
+        pixels = clip_pixels(rgb, self.nets.feature_extractor)
         out = self.nets.image_encoder(pixels.to(self.device, self.dtype), output_hidden_states=True)
         return out.hidden_states[-2]
 
     @torch.no_grad()
-    def set_reference(self, reference: Reference) -> None:
+    def set_reference(self, reference: Reference, generator: torch.Generator | None = None) -> None:
         """Resampled image-prompt tokens of the input image and of a zero image, and the image's latent
-        (once per generation). The reference's camera is not used: the image is ImageDream's front view."""
+        (the posterior's sample from ``generator``, or its mode: ``config.latents``), once per generation.
+        The reference's camera is not used: the image is ImageDream's front view."""
         self.reference = reference
         rgb = self.codec.resize(reference.rgb[None].to(self.device, torch.float32))  # [1, 3, S, S]
         feats = self.image_features(rgb)
         unet = self.nets.unet
         self.image_tokens = unet.encode_image_prompt(torch.cat([feats, torch.zeros_like(feats)]))
-        self.image_latent = self.codec.encode(rgb)
+        self.image_latent = self.codec.encode(rgb, generator)
 
     @torch.no_grad()
     def run_warmup_calls(self, views: int) -> None:

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from microdreamer.cameras import look_at_opengl, orbit_positions
-from microdreamer.config import MVDreamConfig
+from microdreamer.config import DDIMConfig, MVDreamConfig
 from microdreamer.errors import InputError
 from microdreamer.priors.base import OrbitViews, Prior, Reference, even_orbit_views
 from microdreamer.priors.ddim import DDIMRoundTrip
@@ -779,7 +779,7 @@ class MVDreamPrior(Prior):
         fuse_ops(self.nets.vae, self.config.fused_group_norm and on_cuda)
         graphs = self.config.cuda_graphs and on_cuda
         self.unet = _UNetRunner(self.nets.unet, self._unet_frames, graphs)
-        self.codec = LatentCodec(self.nets.vae, self.dtype, self.image_size, graphs)
+        self.codec = LatentCodec(self.nets.vae, self.dtype, self.image_size, graphs, self.config.latents)
         self.vae_factor = self.codec.factor
         self.text_embeddings: torch.Tensor | None = None  # [2, 77, D]: prompt, negative prompt
         self.reference: Reference | None = None
@@ -821,9 +821,13 @@ class MVDreamPrior(Prior):
         self.text_embeddings = self.encode_text([prompt, negative])
         self.prompt, self.negative_prompt = prompt, negative
 
-    def set_reference(self, reference: Reference) -> None:
+    def set_reference(self, reference: Reference, generator: torch.Generator | None = None) -> None:
         """MVDream is text-only: the reference is kept (for its camera) but conditions nothing."""
         self.reference = reference
+
+    def ddim_grid(self) -> DDIMConfig:
+        """See :meth:`Prior.ddim_grid`: the SIR round trip's grid (``config.ddim``)."""
+        return self.config.ddim
 
     def camera(self, views: OrbitViews) -> torch.Tensor:
         """[C, 16] camera inputs (:func:`camera_matrices`) on the prior's device, in its dtype."""
@@ -831,9 +835,10 @@ class MVDreamPrior(Prior):
 
     # ------------------------------------------------------------------ latents
     @torch.no_grad()
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """[C, 3, H, W] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents (the posterior's mode)."""
-        return self.codec.encode(images)
+    def encode(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """[C, 3, H, W] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents (the posterior's sample from
+        ``generator``, or its mode: ``config.latents``)."""
+        return self.codec.encode(images, generator)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -902,7 +907,7 @@ class MVDreamPrior(Prior):
         if t1 is None:
             x = torch.randn(C, 4, h, w, generator=generator, device=self.device, dtype=torch.float32)
         else:
-            x = self.ddim.add_noise(self.encode(images), t1, generator)
+            x = self.ddim.add_noise(self.encode(images, generator), t1, generator)
             x = self.ddim.invert(x, t1, t2, self._eps_unconditional(camera))
         x0 = self.ddim.denoise(x, t2, self._eps_guided(camera), self.config.eta, generator)
         targets = self.decode(x0)

@@ -11,8 +11,10 @@ The model (a diffusers-format folder, the layout of ``ashawkey/stable-zero123-di
     scheduler/               (read by nobody here: the schedule is :class:`DDIMConfig`)
 
 Conditioning: the cross-attention context of view c is ``proj([clip(ref), cam_c])`` ([1, D] per view)
-and the reference latent is the VAE posterior's mode of the input image *without* the latent scaling
-factor (Zero123's ``c_concat``); the unconditional branch zeroes both. Camera embeddings, from the
+and the reference latent is the VAE posterior's sample (``Zero123Config.latents``: or its mode) of the
+input image *without* the latent scaling factor (Zero123's ``c_concat``); the unconditional branch zeroes
+both. CLIP sees the input as MicroDreamer hands it over: 8 bits by truncation, transformers' PIL-backed
+processor (:func:`clip_pixels`). Camera embeddings, from the
 view's angles relative to the input view (MicroDreamer's signs, which match Zero123's polar angle):
 
 * ``zero123-xl``:     [d_elevation (rad), sin d_azimuth, cos d_azimuth, d_radius]
@@ -36,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from microdreamer.config import CAMERA_EMBEDDINGS, Zero123Config
+from microdreamer.config import CAMERA_EMBEDDINGS, LATENTS, DDIMConfig, Zero123Config
 from microdreamer.errors import InputError
 from microdreamer.priors.base import OrbitViews, Prior, Reference
 from microdreamer.priors.ddim import DDIMRoundTrip
@@ -70,19 +72,38 @@ def quiet_library_notices():
 
 
 def clip_image_processor_class() -> type:
-    """transformers' CLIP image processor class. Without torchvision, ``CLIPImageProcessor`` (whose
-    default backend needs it) falls back to ``CLIPImageProcessorPil`` and warns that it did; this takes
-    the PIL class directly then (the same processing), so there is nothing to warn about."""
-    import importlib.util
+    """transformers' PIL-backed CLIP image processor class, whatever else is installed.
 
+    transformers 5 makes ``CLIPImageProcessor`` a torchvision-backed class when torchvision is installed
+    (``CLIPImageProcessorPil`` otherwise); its resize is not PIL's, so its pixels are not upstream's
+    (transformers 4's ``CLIPImageProcessor`` was the PIL one). Older transformers: ``CLIPImageProcessor``."""
     import transformers
 
-    if importlib.util.find_spec("torchvision") is None:
-        try:
-            return transformers.CLIPImageProcessorPil
-        except (AttributeError, ImportError):  # older transformers: CLIPImageProcessor is the PIL one
-            pass
-    return transformers.CLIPImageProcessor
+    try:
+        return transformers.CLIPImageProcessorPil
+    except (AttributeError, ImportError):  # older transformers: CLIPImageProcessor is the PIL one
+        return transformers.CLIPImageProcessor
+
+
+def to_8bit(images: torch.Tensor) -> list:
+    """[B, 3, H, W] float in [0, 1] -> B PIL images, 8 bits by truncation as torchvision's ``to_pil_image``
+    makes them (``x * 255`` cast to uint8), as MicroDreamer hands its input view to CLIP
+    (``guidance/zero123_utils.py`` ``get_img_embeds``, ``imagedream_utils.py`` ``get_image_text_embeds``)."""
+    from PIL import Image
+
+    u8 = (images.detach().float().clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    return [Image.fromarray(a) for a in u8]
+
+
+def clip_pixels(images: torch.Tensor, processor) -> torch.Tensor:
+    """CLIP's input for images [B, 3, H, W] float in [0, 1]: [B, 3, h, w] float32 pixel values, upstream's
+    (:func:`to_8bit`, then the PIL-backed processor, :func:`clip_image_processor_class`, with
+    ``processor``'s settings); a processor of another class (transformers' torchvision-backed one) gives
+    its settings only, so every install computes the same pixels."""
+    pil_class = clip_image_processor_class()
+    if type(processor) is not pil_class:
+        processor = pil_class.from_dict(processor.to_dict())
+    return processor(images=to_8bit(images), return_tensors="pt").pixel_values.float()
 
 
 @dataclass
@@ -207,8 +228,11 @@ def save_camera_projection(linear: torch.nn.Linear, folder: str | os.PathLike) -
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     dim = linear.out_features
+    import diffusers
+
     cfg = {
         "_class_name": "CLIPCameraProjection",
+        "_diffusers_version": diffusers.__version__,
         "embedding_dim": dim,
         "additional_embeddings": linear.in_features - dim,
     }
@@ -337,7 +361,8 @@ def load_components(
     declared = None
     index = path / "model_index.json"
     if index.exists():
-        declared = json.loads(index.read_text()).get("microdreamer_camera_embedding")
+        entries = json.loads(index.read_text())  # "_camera_embedding" (folders saved before: the older key)
+        declared = entries.get("_camera_embedding", entries.get("microdreamer_camera_embedding"))
     comps = Zero123Components(unet, vae, image_encoder, feature_extractor, projection, declared)
     for m in comps.modules():
         m.eval().requires_grad_(False)
@@ -437,33 +462,55 @@ class LatentCodec:
         dtype: the precision the VAE runs in.
         image_size: S, the side the VAE sees; other sizes are resized on the way in.
         use_graphs: replay the encoder and the decoder from CUDA graphs (CUDA inputs only).
+        latents: "sample" (the posterior's sample, upstream's) or "mode" (its mean) is what encoding gives.
     """
 
-    def __init__(self, vae: torch.nn.Module, dtype: torch.dtype, image_size: int, use_graphs: bool) -> None:
+    def __init__(
+        self,
+        vae: torch.nn.Module,
+        dtype: torch.dtype,
+        image_size: int,
+        use_graphs: bool,
+        latents: str = "sample",
+    ) -> None:
+        if latents not in LATENTS:
+            raise ValueError(f"latents {latents!r}: use one of {', '.join(LATENTS)}")
         self.vae = vae
         self.dtype = dtype
         self.image_size = image_size
+        self.latents = latents
         self.scale = float(vae.config.scaling_factor)
         self.factor = 2 ** (len(vae.config.block_out_channels) - 1)
-        self.encode_call = _GraphedCall(lambda x: vae.encode(x).latent_dist.mode(), use_graphs, "VAE encoder")
+        # the posterior's parameters [C, 2 x 4, h, w]: mean, log-variance
+        self.encode_call = _GraphedCall(
+            lambda x: vae.encode(x).latent_dist.parameters, use_graphs, "VAE encoder"
+        )
         self.decode_call = _GraphedCall(lambda z: vae.decode(z).sample, use_graphs, "VAE decoder")
         device = next(vae.parameters()).device
         self.nonfinite = torch.zeros((), dtype=torch.long, device=device)  # non-finite decoded values
 
     def resize(self, images: torch.Tensor) -> torch.Tensor:
-        """[C, 3, H, W] -> [C, 3, S, S] (bilinear, antialiased), unchanged when already S x S."""
+        """[C, 3, H, W] -> [C, 3, S, S] (plain bilinear, upstream's), unchanged when already S x S."""
         s = self.image_size
         if images.shape[-2:] == (s, s):
             return images
-        return torch.nn.functional.interpolate(
-            images, (s, s), mode="bilinear", align_corners=False, antialias=True
-        )
+        return torch.nn.functional.interpolate(images, (s, s), mode="bilinear", align_corners=False)
 
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """[C, 3, H, W] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents (the posterior's mode)."""
+    def encode(
+        self, images: torch.Tensor, generator: torch.Generator | None = None, graphed: bool = True
+    ) -> torch.Tensor:
+        """[C, 3, H, W] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents: the posterior's sample
+        (mean + std * noise, the noise drawn from ``generator``, as diffusers' ``latent_dist.sample()``
+        with the log-variance clamped to [-30, 20]) or its mode (``latents``). ``graphed`` False: the
+        encoder runs eagerly (a one-off encoding, e.g. the input view's: no graph captured for it)."""
         device = self.nonfinite.device
         x = self.resize(images.to(device, torch.float32)).to(self.dtype) * 2 - 1
-        return self.encode_call(x).float() * self.scale
+        moments = self.encode_call(x) if graphed else self.encode_call.fn(x)
+        mean, logvar = moments.float().chunk(2, dim=1)
+        if self.latents == "sample":
+            noise = torch.randn(mean.shape, generator=generator, device=device, dtype=torch.float32)
+            mean = mean + torch.exp(0.5 * logvar.clamp(-30.0, 20.0)) * noise
+        return mean * self.scale
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """[C, 4, h, w] scaled latents -> [C, 3, S, S] float32 images in [0, 1]; non-finite values
@@ -546,7 +593,7 @@ class Zero123Prior(Prior):
             fuse_ops(net, self.config.fused_group_norm and on_cuda)
         graphs = self.config.cuda_graphs and on_cuda
         self.unet = _UNetRunner(self.nets.unet, graphs)
-        self.codec = LatentCodec(self.nets.vae, self.dtype, self.image_size, graphs)
+        self.codec = LatentCodec(self.nets.vae, self.dtype, self.image_size, graphs, self.config.latents)
         self.latent_scale = self.codec.scale
         self.vae_factor = self.codec.factor
         self.clip_embedding: torch.Tensor | None = None  # [1, 1, D]
@@ -581,21 +628,16 @@ class Zero123Prior(Prior):
 
     @_with_cudnn_flags
     @torch.no_grad()
-    def set_reference(self, reference: Reference) -> None:
-        """CLIP image embedding and VAE latent of the input view (once per generation)."""
-        import numpy as np
-        from PIL import Image
-
+    def set_reference(self, reference: Reference, generator: torch.Generator | None = None) -> None:
+        """CLIP image embedding (of :func:`clip_pixels`) and VAE latent (the posterior's sample from
+        ``generator``, or its mode: ``config.latents``) of the input view (once per generation)."""
         self.reference = reference
         rgb = self._resize(reference.rgb[None].to(self.device, torch.float32))  # [1, 3, S, S]
-        pil = Image.fromarray(
-            (rgb[0].permute(1, 2, 0).clamp(0, 1).cpu().numpy() * 255 + 0.5).astype(np.uint8)
-        )
-        pixels = self.nets.feature_extractor(images=[pil], return_tensors="pt").pixel_values
+        pixels = clip_pixels(rgb, self.nets.feature_extractor)
         emb = self.nets.image_encoder(pixels.to(self.device, self.dtype)).image_embeds  # [1, D]
         self.clip_embedding = emb[:, None, :]
-        posterior = self.nets.vae.encode(rgb.to(self.dtype) * 2 - 1).latent_dist
-        self.reference_latent = posterior.mode()  # unscaled: Zero123's c_concat
+        latent = self.codec.encode(rgb, generator, graphed=False) / self.latent_scale  # Zero123's c_concat
+        self.reference_latent = latent.to(self.dtype)
 
     def context(self, views: OrbitViews) -> torch.Tensor:
         """[C, 1, D] cross-attention context of the conditional branch for ``views``."""
@@ -611,9 +653,10 @@ class Zero123Prior(Prior):
 
     @_with_cudnn_flags
     @torch.no_grad()
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """[C, 3, S, S] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents (the posterior's mode)."""
-        return self.codec.encode(images)
+    def encode(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """[C, 3, S, S] in [0, 1] -> [C, 4, S/8, S/8] float32 scaled latents (the posterior's sample from
+        ``generator``, or its mode: ``config.latents``)."""
+        return self.codec.encode(images, generator)
 
     @_with_cudnn_flags
     @torch.no_grad()
@@ -664,7 +707,7 @@ class Zero123Prior(Prior):
             x = torch.randn(C, 4, h, w, generator=generator, device=self.device, dtype=torch.float32)
             t2 = self.ddim.timesteps[0] if images is None else t2
         else:
-            x = self.ddim.add_noise(self.encode(images), t1, generator)
+            x = self.ddim.add_noise(self.encode(images, generator), t1, generator)
             x = self.ddim.invert(x, t1, t2, self._eps_unconditional(C, context.shape[-1]))
         x0 = self.ddim.denoise(x, t2, self._eps_guided(context), self.config.eta, generator)
         targets = self.decode(x0)
@@ -700,8 +743,8 @@ class Zero123Prior(Prior):
         DDIM-denoise through the rest of the grid with guidance ``guidance_scale``, conditioned on the
         input image and the views' cameras; decode.
 
-        Differences from upstream: the renders' latents are the VAE posterior's mode (upstream samples
-        it), and the noise comes from ``generator``.
+        The renders are shrunk to the model's side with plain bilinear interpolation (upstream's), their
+        latents are the VAE posterior's sample (``config.latents``); the noise comes from ``generator``.
 
         Args:
             images: [C, 3, H, W] float in [0, 1], renders from ``views`` on white.
@@ -718,7 +761,7 @@ class Zero123Prior(Prior):
         if t is None:  # nothing left to denoise
             return images.float().clamp(0, 1)
         context = self.context(views)
-        x = ddim.add_noise(self.encode(images), t, generator)
+        x = ddim.add_noise(self.encode(images, generator), t, generator)
         x0 = ddim.denoise(x, t, self._eps_guided(context, guidance_scale), eta, generator)
         targets = self.decode(x0)
         if tuple(targets.shape[-2:]) != tuple(images.shape[-2:]):
@@ -770,6 +813,10 @@ class Zero123Prior(Prior):
         torch.cuda.synchronize(self.device)
         self.unet.calls = self.unet.samples = 0
         self.codec.nonfinite.zero_()
+
+    def ddim_grid(self) -> DDIMConfig:
+        """See :meth:`Prior.ddim_grid`: the SIR round trip's grid (``config.ddim``)."""
+        return self.config.ddim
 
     def stats(self) -> dict:
         """UNet calls and samples since the warm-up, captured graphs, and non-finite decoded values
