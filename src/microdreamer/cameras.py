@@ -150,7 +150,7 @@ def framing(vertices: torch.Tensor) -> tuple[torch.Tensor, float]:
     lo, hi = vertices.amin(0), vertices.amax(0)
     center = (lo + hi) / 2
     radius = float((vertices - center).norm(dim=-1).max())
-    return center, max(radius, 1e-6)
+    return center, max(radius, 1e-30)  # any size frames alike (a point gets a tiny sphere, not 0)
 
 
 def centred_orbit_cameras(
@@ -169,7 +169,9 @@ def centred_orbit_cameras(
     c = center.detach().float().cpu()
     viewmats = cams.viewmats.clone()
     viewmats[:, :3, 3] -= viewmats[:, :3, :3] @ c  # world point p -> R (p - c) + t
-    near = max(1e-3, 0.05 * (distance - bound_radius))
+    # relative to the distance, so a small object is not cut by the near plane (the old floor of
+    # 1e-3 left objects under ~1e-4 across blank)
+    near = 0.05 * (distance - bound_radius)
     far = 2.0 * (distance + bound_radius)
     return Cameras(viewmats, cams.Ks, size, size, near, far)
 

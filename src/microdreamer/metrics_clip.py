@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from microdreamer.errors import InputError
+from microdreamer.image_io import decode_errors, standard_image
 
 logger = logging.getLogger(__name__)
 
@@ -75,23 +76,29 @@ def upstream_uint8(image: np.ndarray) -> np.ndarray:
 
 def read_image_on_white(path: str | os.PathLike) -> np.ndarray:
     """[H, W, 3] uint8 RGB of an image file; one with alpha is composited on white first (in float32,
-    ``rgb * a + (1 - a)``), as upstream's ``read_image`` + ``cal_clip_sim`` do.
+    ``rgb * a + (1 - a)``), as upstream's ``read_image`` + ``cal_clip_sim`` do. Upright as its EXIF
+    orientation says, 16-bit greyscale scaled (:func:`~microdreamer.image_io.standard_image`).
 
     Raises:
-        InputError: the file is missing or not an image.
+        InputError: the file is missing, not an image, or has samples out of range.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     path = Path(path)
     if not path.is_file():
         raise InputError(f"--image {path}: no such file; give the input image (PNG or JPEG) of the asset")
     try:
         with Image.open(path) as im:
-            has_alpha = im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info
-            arr = np.asarray(im.convert("RGBA" if has_alpha else "RGB"))
-    except (UnidentifiedImageError, OSError) as e:
+            # bit depth scaled and EXIF orientation applied, as generate prepares its input
+            im = standard_image(im, path, orient=True)
+            has_alpha = im.mode == "RGBA"
+            arr = np.asarray(im)
+    except InputError:
+        raise
+    except decode_errors() as e:
         raise InputError(
-            f"--image {path}: cannot read it as an image ({e}); give a PNG or JPEG file"
+            f"--image {path}: cannot read it as an image ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "give a PNG or JPEG file"
         ) from None
     if not has_alpha:
         return np.ascontiguousarray(arr)

@@ -25,6 +25,7 @@ import torch
 
 from microdreamer.config import ImageConfig
 from microdreamer.errors import InputError
+from microdreamer.image_io import decode_errors, standard_image
 from microdreamer.io_utils import check_memory
 
 logger = logging.getLogger(__name__)
@@ -69,12 +70,13 @@ class PreparedImage:
 
 # ------------------------------------------------------------------------------------------- loading
 def load_image(path: str | os.PathLike) -> np.ndarray:
-    """[H, W, 4] float32 straight RGBA in [0, 1] (alpha 1 where the file has none).
+    """[H, W, 4] float32 straight RGBA in [0, 1] (alpha 1 where the file has none), upright as its
+    EXIF orientation says, 16-bit greyscale scaled from 0..65535 (:func:`~microdreamer.image_io.standard_image`).
 
     Raises:
-        InputError: the file is missing or not an image Pillow reads.
+        InputError: the file is missing, not an image Pillow reads, or has samples out of range.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     path = Path(path)
     if path.is_dir():
@@ -86,11 +88,13 @@ def load_image(path: str | os.PathLike) -> np.ndarray:
             w, h = im.size
             # float32 RGBA, its copies in preparation (alpha, premultiplied, crop): ~5 of them
             check_memory(5 * 16 * w * h, f"{path}: an image of {w}x{h} pixels", "give a smaller image")
-            im.load()
-            has_alpha = im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)
-            im = im.convert("RGBA" if has_alpha else "RGB")
+            # the bit depth scaled (a 16-bit greyscale PNG is not clipped to white) and the EXIF
+            # orientation applied (a photo taken upright is prepared upright)
+            im = standard_image(im, path, orient=True)
             arr = np.asarray(im, dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+    except InputError:
+        raise
+    except decode_errors() as e:
         raise InputError(
             f"{path}: cannot read the image ({e.__class__.__name__}); give a PNG or JPEG"
         ) from None

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
+from microdreamer import fixed_order
 from microdreamer.cpu_pool import cpu_workers, map_single_threaded
 
 ALPHA_THRESHOLD = 1.0 / 255.0  # alphas below this are skipped
@@ -102,8 +103,11 @@ def project(
     """
     R = viewmats[:, :3, :3]
     t = viewmats[:, :3, 3]
-    mc = torch.einsum("cij,nj->cni", R, means) + t[:, None, :]  # [C, N, 3]
-    cov_c = torch.einsum("cij,njk,clk->cnil", R, covars, R)  # [C, N, 3, 3]
+    # products summed in a fixed order (not the BLAS): a camera's projection does not depend on the
+    # other cameras in the call, so groups of cameras on threads give the same bits (see fixed_order)
+    mc = fixed_order.transform_points(R, t, means)  # [C, N, 3]
+    r = R[:, None]  # [C, 1, 3, 3]
+    cov_c = fixed_order.matmul(fixed_order.matmul(r, covars[None]), r.transpose(-1, -2))  # [C, N, 3, 3]
 
     x, y, z = mc.unbind(-1)
     depth_ok = (z >= near) & (z <= far)
@@ -125,7 +129,7 @@ def project(
         ],
         dim=-2,
     )  # [C, N, 2, 3]
-    cov2d = J @ cov_c @ J.transpose(-1, -2)  # [C, N, 2, 2]
+    cov2d = fixed_order.matmul(fixed_order.matmul(J, cov_c), J.transpose(-1, -2))  # [C, N, 2, 2]
     a = cov2d[..., 0, 0] + eps2d
     b = cov2d[..., 0, 1]
     c = cov2d[..., 1, 1] + eps2d
@@ -393,8 +397,13 @@ def rasterize(
             stop a tile once all its pixels have stopped (the same image to float rounding of the
             sums); None = whole lists at once, as with gradients.
         workers: on the CPU without gradients, render groups of cameras on this many threads that run
-            PyTorch single-threaded (:mod:`microdreamer.cpu_pool`; each camera's image does not depend
-            on the others); None = :func:`~microdreamer.cpu_pool.cpu_workers`; 1 = this thread.
+            PyTorch single-threaded (:mod:`microdreamer.cpu_pool`); None =
+            :func:`~microdreamer.cpu_pool.cpu_workers`; 1 = this thread. Each camera's projection and
+            tile lists are the same bits in any group, but its sums are BLAS products over chunks of
+            tiles padded to the chunk's longest list, whose blocking (so their last bits) depends on
+            the other tiles in the call and on the BLAS: a camera's image equals the whole call's to
+            float32 rounding of those sums (tested at 1e-6), not to the bit. The C++ backend
+            (:func:`microdreamer.kernels.cpu.rasterize`, the CPU's default) is the same to the bit.
 
     Returns:
         (accumulated features [C, H, W, K] = sum_i w_i f_i with no background,

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from microdreamer import fixed_order
 from microdreamer.cameras import Cameras
 from microdreamer.cpu_pool import cpu_workers, map_single_threaded
 
@@ -113,7 +114,8 @@ def _project(vertices: torch.Tensor, cameras: Cameras) -> tuple[torch.Tensor, to
     """Vertices [V, 3] -> (pixel coords [C, V, 2], camera-space z [C, V], camera-space points [C, V, 3])."""
     vm = cameras.viewmats.to(vertices.dtype)
     K = cameras.Ks.to(vertices.dtype)
-    cam = torch.einsum("cij,vj->cvi", vm[:, :3, :3], vertices) + vm[:, None, :3, 3]
+    # summed in a fixed order: a camera's points do not depend on the others in the call (see fixed_order)
+    cam = fixed_order.transform_points(vm[:, :3, :3], vm[:, :3, 3], vertices)
     z = cam[..., 2]
     x, y = cam[..., 0] / z, cam[..., 1] / z
     u = K[:, 0, 0, None] * x + K[:, 0, 1, None] * y + K[:, 0, 2, None]
@@ -158,9 +160,9 @@ def _edge_values(start, direction, sign, qx, qy) -> torch.Tensor:
 
 def _perspective(w: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Edge functions w [..., 3] and vertex depths z [..., 3] -> (barycentrics [..., 3], depth [...])."""
-    lin = w / w.sum(dim=-1, keepdim=True)  # screen-space barycentrics
+    lin = w / fixed_order.total(w)[..., None]  # screen-space barycentrics
     q = lin / z
-    inv_z = q.sum(dim=-1)
+    inv_z = fixed_order.total(q)  # (q0 + q1) + q2 as the C++ kernel adds them
     return q / inv_z[..., None], 1.0 / inv_z
 
 
@@ -173,7 +175,7 @@ def _valid_faces(zf: torch.Tensor, camf: torch.Tensor, pf: torch.Tensor, cameras
     ok &= area2.abs() > _MIN_AREA
     if cull:
         n = torch.linalg.cross(camf[..., 1, :] - camf[..., 0, :], camf[..., 2, :] - camf[..., 0, :])
-        ok &= (n * camf[..., 0, :]).sum(dim=-1) < 0  # normal points towards the camera at the origin
+        ok &= fixed_order.dot(n, camf[..., 0, :]) < 0  # normal points towards the camera at the origin
     return ok
 
 
@@ -672,10 +674,15 @@ def _view_directions(cameras: Cameras) -> torch.Tensor:
         torch.arange(W, device=dev, dtype=torch.float32) + 0.5,
         indexing="ij",
     )
-    pix = torch.stack([xs, ys, torch.ones_like(xs)], -1)  # [H, W, 3]
-    rays_cam = torch.einsum("cij,hwj->chwi", torch.linalg.inv(cameras.Ks.float()), pix)
-    rays = torch.einsum("cji,chwj->chwi", cameras.viewmats[:, :3, :3].float(), rays_cam)  # R^T d
-    return -torch.nn.functional.normalize(rays, dim=-1)
+    # K^-1 (x, y, 1) of a pinhole K (as _project applies it), then R^T d in a fixed order: a view's
+    # directions do not depend on the other cameras in the call (see fixed_order)
+    K = cameras.Ks.float()[:, None, None]  # [C, 1, 1, 3, 3]
+    dy = (ys - K[..., 1, 2]) / K[..., 1, 1]  # [C, H, W]
+    dx = (xs - K[..., 0, 2] - K[..., 0, 1] * dy) / K[..., 0, 0]
+    rays_cam = torch.stack([dx, dy, torch.ones_like(dx)], -1)[..., None]  # [C, H, W, 3, 1]
+    r_t = cameras.viewmats[:, None, None, :3, :3].float().transpose(-1, -2)
+    rays = fixed_order.matmul(r_t, rays_cam)[..., 0]  # R^T d
+    return -rays / fixed_order.norm(rays).clamp_min(1e-12)[..., None]
 
 
 def lighting(
@@ -700,14 +707,14 @@ def lighting(
         ambient: the share of brightness given regardless of the normal.
     """
     view = _view_directions(cameras).to(normals.device)
-    n = torch.where((normals * view).sum(-1, keepdim=True) < 0, -normals, normals)
+    n = torch.where(fixed_order.dot(normals, view)[..., None] < 0, -normals, normals)
     if light_direction is None:
         light = view
     else:
         light = torch.nn.functional.normalize(
             torch.as_tensor(light_direction, dtype=torch.float32, device=normals.device), dim=-1
         )
-    cos = (n * light).sum(-1, keepdim=True).clamp_min(0.0)
+    cos = fixed_order.dot(n, light)[..., None].clamp_min(0.0)
     return ambient + (1.0 - ambient) * cos
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import torch
 
+from microdreamer import fixed_order
 from microdreamer.cameras import Cameras, centred_orbit_cameras
 from microdreamer.config import PROJECT_BACKENDS, BakeConfig, BakeViewsConfig
 from microdreamer.cpu_pool import cpu_workers, map_single_threaded
@@ -239,11 +240,14 @@ def _accumulate_texels(
     R, t = cams.viewmats[:, :3, :3], cams.viewmats[:, :3, 3]  # [c, 3, 3], [c, 3]
     fx_, fy_ = cams.Ks[:, 0, 0, None], cams.Ks[:, 1, 1, None]  # [c, 1]
     cx_, cy_ = cams.Ks[:, 0, 2, None], cams.Ks[:, 1, 2, None]
-    centre = -(R.transpose(1, 2) @ t[:, :, None])[..., 0]  # [c, 3]
+    # every product and sum below runs in a fixed order on elementwise kernels, never the BLAS, whose
+    # blocking depends on the batch: a texel's sums are the same bits in any range of texels (see
+    # fixed_order), so the threads' ranges do not change the bake
+    centre = -fixed_order.matmul(R.transpose(1, 2), t[:, :, None])[..., 0]  # [c, 3]
     # facing: cos = n . (centre - p) / |centre - p|
     to_cam = centre[:, None, :] - points[None]  # [c, T, 3]
-    cos = (normals[None] * to_cam).sum(-1) / to_cam.norm(dim=-1).clamp_min(1e-12)  # [c, T]
-    pc = torch.einsum("cij,tj->cti", R, points) + t[:, None, :]  # camera space [c, T, 3]
+    cos = fixed_order.dot(normals[None], to_cam) / fixed_order.norm(to_cam).clamp_min(1e-12)  # [c, T]
+    pc = fixed_order.transform_points(R, t, points)  # camera space [c, T, 3]
     z = pc[..., 2]
     zs = z.clamp_min(1e-9)
     x = fx_ * pc[..., 0] / zs + cx_ - 0.5  # continuous pixel index (centres at integers)
@@ -269,8 +273,9 @@ def _accumulate_texels(
     else:
         weight, colour, ok_all = _pair_colours(cos, z, x, y, view, fy_t, H, W, rgba, depth, config, ok)
         colour = torch.where(ok_all[..., None], colour, 0.0)
-    num += (weight[..., None] * colour).sum(dim=0)
-    den += weight.sum(dim=0)
+    # each texel sums its views in view order, then adds that sum once (as the C++ kernel does)
+    num += fixed_order.total(weight[..., None] * colour, dim=0)
+    den += fixed_order.total(weight, dim=0)
 
 
 def _pair_colours(
@@ -316,7 +321,7 @@ def _pair_colours(
     wts = torch.stack(
         [(1 - fx) * (1 - fy_frac), fx * (1 - fy_frac), (1 - fx) * fy_frac, fx * fy_frac], dim=-1
     )  # [S, 4]
-    sample = (wts[..., None] * rgba.index_select(0, flat).view(*pix.shape, 4)).sum(dim=-2)  # [S, 4]
+    sample = fixed_order.total(wts[..., None] * rgba.index_select(0, flat).view(*pix.shape, 4), -2)  # [S, 4]
     a = sample[..., 3]
     ok &= (a >= config.min_alpha) & (a > 0)
     # cos ** power as exp(power * log(cos)): pow with a float exponent takes another code path for

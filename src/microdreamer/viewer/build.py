@@ -171,9 +171,10 @@ def _mesh_view(path: Path, asset_dir: Path, rel: str) -> View:
     import trimesh
 
     from microdreamer.cameras import framing
-    from microdreamer.mesh.load import check_references
+    from microdreamer.mesh.load import check_mesh_text, check_references, validate_geometry
 
     check_references(path)  # trimesh would read what an OBJ or glTF names, wherever it is
+    check_mesh_text(path)  # what trimesh would read wrongly without a word (an OBJ face index 0)
     try:
         loaded = trimesh.load(path, process=False)
     except Exception as e:  # trimesh raises many kinds of errors for bad files
@@ -183,7 +184,17 @@ def _mesh_view(path: Path, asset_dir: Path, rel: str) -> View:
     meshes = [m for m in meshes if isinstance(m, trimesh.Trimesh) and len(m.faces)]
     if not meshes:
         raise InputError(f"mesh file {path} has no triangles; give a triangle mesh (GLB or OBJ)")
-    vertices = np.concatenate([np.asarray(m.vertices, np.float32) for m in meshes])
+    # finite, faces in range, an extent and an area: no blank view and no NaN in the page's JSON
+    parts = [(np.asarray(m.vertices), np.asarray(m.faces)) for m in meshes]
+    for v, f in parts:
+        if f.size and (f.min() < 0 or f.max() >= len(v)):
+            validate_geometry(path, v, f)  # raises, naming the range
+    offsets = np.cumsum([0] + [len(v) for v, _ in parts[:-1]])
+    vertices = validate_geometry(
+        path,
+        np.concatenate([v for v, _ in parts]),
+        np.concatenate([f + o for (_, f), o in zip(parts, offsets, strict=True)]),
+    )
     center, radius = framing(torch.from_numpy(vertices))
     textured = any(getattr(m.visual, "kind", None) == "texture" for m in meshes)
     stats = {

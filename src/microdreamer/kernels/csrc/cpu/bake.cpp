@@ -18,21 +18,13 @@
 
 namespace {
 
-// a * b + c rounded once to float32, as a fused multiply-add does (the product of two floats is exact in
-// double; the double sum is rounded again to float, which differs from one rounding only when it lands
-// exactly halfway between two floats). In double rather than std::fma: the library is built for the
-// baseline x86-64, which has no FMA instruction (std::fma would be a library call).
-inline float fma32(float a, float b, float c) {
-  return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c));
-}
-
-// One row of R p, multiply-adds in index order: how PyTorch's CPU matmul (its BLAS) computes the [c, T]
-// camera-space points of more than a dozen texels, so the pixel coordinates, and the pixels a lookup
-// takes, are the reference's to the bit (a different order moves them by an ulp, which shifts a bilinear
-// lookup between two unrelated pixels by ~1e-5 of their difference at 64 pixels). Not a rule of the
-// bake: a BLAS that orders these differently only makes the paths differ by such ulps.
+// One row of R p, products added left to right: how the PyTorch path computes the [c, T] camera-space
+// points (microdreamer.fixed_order.transform_points, elementwise, never the BLAS), so the pixel
+// coordinates, and the pixels a lookup takes, are the reference's to the bit (a different order moves
+// them by an ulp, which shifts a bilinear lookup between two unrelated pixels by ~1e-5 of their
+// difference at 64 pixels). Built with -ffp-contract=off: nothing is fused into a multiply-add.
 inline float row_dot(const float* r, float px, float py, float pz) {
-  return fma32(r[2], pz, fma32(r[1], py, r[0] * px));
+  return (r[0] * px + r[1] * py) + r[2] * pz;
 }
 
 struct View {
@@ -79,7 +71,7 @@ extern "C" int64_t md_bake_accumulate(int64_t t_begin, int64_t t_end,
         for (int j = 0; j < 3; ++j) w.r[3 * i + j] = m[4 * i + j];
         w.t[i] = m[4 * i + 3];
       }
-      for (int j = 0; j < 3; ++j)  // -R^T t, one product and sum at a time as PyTorch's small matmul
+      for (int j = 0; j < 3; ++j)  // -R^T t, products added left to right as fixed_order.matmul
         w.centre[j] = -((w.r[j] * w.t[0] + w.r[3 + j] * w.t[1]) + w.r[6 + j] * w.t[2]);
       w.fx = k[0];
       w.fy = k[4];
@@ -96,7 +88,7 @@ extern "C" int64_t md_bake_accumulate(int64_t t_begin, int64_t t_end,
         const View& w = views[v];
         // facing: cos = n . (centre - p) / |centre - p|
         const float dx = w.centre[0] - px, dy = w.centre[1] - py, dz = w.centre[2] - pz;
-        const float len = std::sqrt(fma32(dz, dz, fma32(dy, dy, dx * dx)));  // as PyTorch's vector norm
+        const float len = std::sqrt((dx * dx + dy * dy) + dz * dz);  // as fixed_order.norm
         const float cos = ((nx * dx + ny * dy) + nz * dz) / std::max(len, 1e-12f);
         if (!(cos > cos_threshold && cos > 0.0f)) continue;
         const float z = row_dot(w.r + 6, px, py, pz) + w.t[2];
