@@ -11,8 +11,9 @@ import types
 import pytest
 import torch
 
+from microdreamer import fallback
 from microdreamer.field import _field_backend
-from microdreamer.kernels import _backend, fallback
+from microdreamer.kernels import _backend
 from microdreamer.render import _gsplat, gaussians
 
 CUDA = torch.device("cuda")

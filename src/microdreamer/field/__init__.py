@@ -9,7 +9,7 @@ Stage function :func:`density_field`. Implementations, chosen explicitly with ``
   :mod:`microdreamer.field.cpp_impl`: each Gaussian scattered into its box, 5-10x faster than
   ``"torch"`` on the CPU (``benchmarks/README.md``).
 * ``"auto"``: ``"cuda"`` when the splat is on a CUDA device and the kernels load (built with ``nvcc`` on
-  first use; without one, ``"torch"`` on the GPU and a one-line notice, :mod:`microdreamer.kernels.fallback`),
+  first use; without one, ``"torch"`` on the GPU and a one-line notice, :mod:`microdreamer.fallback`),
   else ``"cpp"`` where the C++ kernels build, else ``"torch"``.
 
 :mod:`microdreamer.field.reference` holds the float64 brute-force reference that defines the
@@ -74,10 +74,10 @@ def _field_backend(backend: str, device: torch.device) -> str:
         raise ValueError(f"unknown field backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "auto":
         if device.type == "cuda":
-            from microdreamer.kernels import _backend
+            from microdreamer import fallback
 
             # without a compiler (or when the build fails): the PyTorch path, and one line saying so
-            return "cuda" if _backend.usable() else "torch"
+            return "cuda" if fallback.kernels_usable() else "torch"
         from microdreamer.kernels import cpu
 
         return "cpp" if device.type == "cpu" and cpu.usable() else "torch"

@@ -360,9 +360,9 @@ def projected_alphas(
     if backend == "auto":
         backend = "torch"
         if device.type == "cuda":
-            from microdreamer.kernels import _backend
+            from microdreamer import fallback
 
-            backend = "cuda" if _backend.usable() else "torch"
+            backend = "cuda" if fallback.kernels_usable() else "torch"
     if backend not in ("torch", "cuda"):
         raise ValueError(f"unknown carving backend {backend!r}; use auto, torch or cuda")
     if not bases:

@@ -287,11 +287,11 @@ class MeshJob(BatchJob):
         seconds = {"imports": time.perf_counter() - t}
         if self._device.type == "cuda":
             t = time.perf_counter()
-            from microdreamer.kernels import _backend
+            from microdreamer import fallback
             from microdreamer.render import gaussians
 
             # compiled once, then cached on disk; without a compiler the PyTorch paths (said once)
-            _backend.usable()
+            fallback.kernels_usable()
             gaussians.resolve_backend("auto", self._device, needs_grad=False)
             seconds["kernels"] = time.perf_counter() - t
         t = time.perf_counter()

@@ -124,26 +124,6 @@ def _load() -> ModuleType:
     return module
 
 
-def usable() -> bool:
-    """True when the kernels load on this machine's GPU (building them now if needed: tens of seconds,
-    once). False when they cannot: then ``backend="auto"`` choices on a GPU take the PyTorch paths, and
-    :mod:`microdreamer.kernels.fallback` says once, in one line, what is slower and how to get the fast
-    path."""
-    from microdreamer.kernels import fallback
-
-    try:
-        load()
-    except NoCompiler:
-        fallback.no_compiler()
-        return False
-    except RuntimeError as e:
-        fallback.build_failed(
-            "the microdreamer CUDA kernels", str(e), "the density field and silhouette carving"
-        )
-        return False
-    return True
-
-
 def build_key() -> str:
     """A hash of what the compiled binary depends on (module docstring); needs CUDA."""
     import torch

@@ -54,8 +54,9 @@ def usable() -> bool:
     """True when gsplat's CUDA code loads (compiling it now if needed: a few minutes, once, cached under
     ``~/.cache/torch_extensions``). False when gsplat is not installed, when there is no prebuilt extension
     and no CUDA compiler, or when its build fails: then ``backend="auto"`` on a GPU takes the PyTorch
-    rasteriser, and :mod:`microdreamer.kernels.fallback` says so once."""
-    from microdreamer.kernels import _backend, fallback
+    rasteriser, and :mod:`microdreamer.fallback` says so once."""
+    from microdreamer import fallback
+    from microdreamer.kernels import _backend
 
     if not installed():
         return False

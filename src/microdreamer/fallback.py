@@ -64,6 +64,23 @@ def build_failed(component: str, error: str, what: str) -> None:
     )
 
 
+def kernels_usable() -> bool:
+    """True when our CUDA kernels (the density field, silhouette carving) load on this machine's GPU,
+    building them now if needed (tens of seconds, once). False when they cannot (no compiler, a failed
+    build): then ``backend="auto"`` choices on a GPU take the PyTorch paths, said once here."""
+    from microdreamer.kernels import _backend
+
+    try:
+        _backend.load()
+    except _backend.NoCompiler:
+        no_compiler()
+        return False
+    except RuntimeError as e:
+        build_failed("the microdreamer CUDA kernels", str(e), "the density field and silhouette carving")
+        return False
+    return True
+
+
 def said() -> list[str]:
     """The notices given so far in this process (their keys), for tests."""
     with _lock:
