@@ -87,6 +87,7 @@ class Service:
         self.store.on_change(self.notifier.notify)
         self.load_model = load_model
         self._viewer_locks: dict[str, threading.Lock] = {}
+        self.submit_lock = threading.Lock()
         self._presets: dict = {}
 
     def start(self) -> None:
@@ -355,8 +356,10 @@ def create_app(settings: ServeConfig, service: Service | None = None) -> FastAPI
                     raise HTTPException(400, inputs.scrub(str(e), upload, name)) from None
             record = JobRecord(id=service.store.new_id(), kind=kind, input=name if file is not None else None,
                                prompt=prompt, options=opts, mode=mode)  # fmt: skip
-            service.store.create(record, upload)
-        service.scheduler.submit(record.id, service.spec(record, cfg_extras))
+            with service.submit_lock:  # the records' times in the queue's order
+                record.created = time.time()
+                service.store.create(record, upload)
+                service.scheduler.submit(record.id, service.spec(record, cfg_extras))
         return {"id": record.id, "status": record.status, "position": service.scheduler.position(record.id),
                 "url": f"/api/jobs/{record.id}"}  # fmt: skip
 
@@ -459,7 +462,9 @@ def run_server(settings: ServeConfig, announce=print) -> None:
         sock.close()
         raise InputError(f"cannot listen on {settings.host}:{settings.port} ({e.strerror}); choose another "
                          "--port or --host") from None  # fmt: skip
-    sock.listen(2048)  # connections wait in the backlog while the app starts (no "refused" after the line below)
+    sock.listen(
+        2048
+    )  # connections wait in the backlog while the app starts (no "refused" after the line below)
     port = sock.getsockname()[1]
     app = create_app(settings)
     host = f"[{settings.host}]" if family == socket.AF_INET6 else settings.host

@@ -236,7 +236,7 @@ class ServeJob(BatchJob):
         cfg = spec["config"]
         prior = self._prior(spec["mode"], cfg)
         cfg = dataclasses.replace(cfg, warmup=False)  # warmed up once, with the prior
-        report = generate(spec["input"], stage, cfg, model=prior, device=self._device,
+        report = generate(spec["input"], stage, cfg, model=prior, device=self._device, random_weights=self.random_weights,
                           progress=lambda f: tracker.fraction(None, f), prompt=spec.get("prompt"),
                           stage=tracker.say)  # fmt: skip
         seconds = {k: float(v) for k, v in report.get("stages", {}).items()}
