@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -137,7 +138,8 @@ class Service:
                 "prompt": record.prompt, "mode": record.mode, "config": cfg, "extras": extras}  # fmt: skip
 
     def viewer(self, job_id: str) -> None:
-        """Build the job's viewer folder (``<id>/viewer/``) once: its outputs (and a mesh job's input splat)."""
+        """Build the job's viewer folder (``<id>/viewer/``) once: its outputs side by side (a mesh job's
+        mesh beside its input splat), with its timings; no server path appears in the page."""
         from microdreamer.viewer import build_viewer
 
         lock = self._viewer_locks.setdefault(job_id, threading.Lock())
@@ -146,12 +148,25 @@ class Service:
             if (folder / "viewer" / "index.html").is_file():
                 return
             record = self.store.get(job_id)
-            paths = [self.store.out_folder(job_id)]
-            source = self.store.input_path(record)
-            if record.kind == "mesh" and source is not None and source.suffix.lower() == ".ply":
-                paths.append(source)
-            title = f"{record.input or repr(record.prompt)} ({record.kind} job {job_id})"
-            build_viewer(paths, folder / "viewer", title=title, embed=False)
+            name = Path(record.input).stem if record.input else "text-to-3D"
+            shown = folder / ".viewer-src" / (clean_name(name, "job") or "job")
+            shutil.rmtree(folder / ".viewer-src", ignore_errors=True)
+            shown.mkdir(parents=True)
+            try:
+                sources = [self.store.out_folder(job_id) / f for f in self.store.list_files(job_id)]
+                source = self.store.input_path(record)
+                if record.kind == "mesh" and source is not None and source.suffix.lower() == ".ply":
+                    sources.append(source)
+                for src in sources:
+                    try:
+                        os.link(src, shown / src.name)
+                    except OSError:
+                        shutil.copyfile(src, shown / src.name)
+                title = f"{record.input or repr(record.prompt)}: {record.kind} job {job_id}"
+                index = build_viewer([shown], folder / "viewer", title=title, embed=False)
+                index.write_text(index.read_text().replace(json.dumps(str(shown))[1:-1], f"job {job_id}"))
+            finally:
+                shutil.rmtree(folder / ".viewer-src", ignore_errors=True)
 
 
 def _error(status: int, message: str) -> JSONResponse:
