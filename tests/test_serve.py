@@ -515,3 +515,71 @@ def test_bad_settings_end_with_one_line(tmp_path):
         r = subprocess.run([sys.executable, "-m", "microdreamer.cli", "serve", "--jobs-dir", str(tmp_path / "j"),
                             *args], capture_output=True, text=True, env=env)  # fmt: skip
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# ------------------------------------------------------------------ the parts, without a server
+def test_importing_the_service_imports_neither_fastapi_nor_torch():
+    code = "import sys, microdreamer.serve, microdreamer.cli; print(sorted({'fastapi', 'torch'} & set(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+@pytest.mark.parametrize(
+    "given, cleaned",
+    [("ghost.ply", "ghost.ply"), ("../../etc/passwd", "passwd"), ("C:\\x\\..\\a b.png", "a_b.png"),
+     (".hidden.ply", "hidden.ply"), ("..", "input"), ("", "input"), (None, "input"), ("é.png", "_.png"),
+     ("a" * 300 + ".ply", "a" * 96 + ".ply")],
+)  # fmt: skip
+def test_upload_names_become_one_plain_component(given, cleaned):
+    from microdreamer.serve.store import clean_name
+
+    assert clean_name(given) == cleaned
+
+
+def test_store_resolves_only_real_files_inside_a_job(tmp_path):
+    from microdreamer.serve.store import JobRecord, JobStore
+
+    store = JobStore(tmp_path / "jobs")
+    store.load()
+    record = store.create(JobRecord(id="00112233445566aa", kind="mesh"), None)
+    out = store.out_folder(record.id)
+    out.mkdir()
+    (out / "mesh.glb").write_bytes(b"glTF")
+    (tmp_path / "outside.txt").write_text("x")
+    (out / "link.glb").symlink_to(tmp_path / "outside.txt")
+    (out / "sub").symlink_to(tmp_path, target_is_directory=True)
+    assert store.resolve(record.id, "out", "mesh.glb") == out / "mesh.glb"
+    for parts in [("out", "link.glb"), ("out", "sub", "outside.txt"), ("out", ".."), ("..", "jobs"), ("out",),
+                  ("out", "../job.json"), ("out", "/etc/passwd"), ("out", ""), ("out", "mesh.glb/")]:  # fmt: skip
+        assert store.resolve(record.id, *parts) is None, parts
+    assert (
+        store.resolve("../" + record.id, "job.json") is None
+        and store.resolve("00112233445566AA", "job.json") is None
+    )
+    assert store.list_files(record.id) == ["mesh.glb"]
+
+
+def test_options_use_the_cli_flags_and_the_config_fields():
+    from microdreamer.config import ExportConfig
+    from microdreamer.errors import InputError
+    from microdreamer.serve.inputs import base_config, job_config
+
+    cfg, extras = job_config("mesh", {"resolution": 128, "max-faces": 5000, "texture.size": 256,
+                                      "mesh": {"carve": 0}, "format": "obj"}, ExportConfig())  # fmt: skip
+    assert (cfg.field.resolution, cfg.mesh.decimate_target, cfg.texture.size, cfg.mesh.carve) == (
+        128,
+        5000,
+        256,
+        0,
+    )
+    assert extras == {"format": "obj"}
+    cfg, _ = job_config(
+        "generate", {"iters": 3, "no-refine": True}, base_config("generate", "image", str(TINY))
+    )
+    assert cfg.sir.iterations == 3 and not cfg.refine.enabled and cfg.image.size == 64  # the preset below
+    for options, message in [({"resolution": 1}, "options: resolution 1: "), ({"decimate": -5}, "options: decimate -5"),
+                             ({"field": {"resolution": "x"}}, "options.field: FieldConfig.resolution = 'x'"), ({"format": "stl"}, "format 'stl'"),
+                             ({"texture": {"bake": {"model": 1}}}, "the server loads its model")]:  # fmt: skip
+        with pytest.raises(InputError, match=re.escape(message)):
+            job_config("mesh", options, ExportConfig())

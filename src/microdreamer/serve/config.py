@@ -39,7 +39,7 @@ class ServeConfig(Config):
     token: str | None = setting(None, "require the header 'Authorization: Bearer TOKEN' on the API (the page "
                                 "asks for it once)")  # fmt: skip
     model: str | None = setting(None, "the image-to-3D model: a diffusers-format folder or a repo id in the "
-                                "local Hugging Face cache (default: generate's)")  # fmt: skip
+                                "local Hugging Face cache (none: generate's default)")  # fmt: skip
     random_weights: str | None = setting(None, "use a randomly initialised model (timing and plumbing only: the "
                                          "output is noise)", choices=RANDOM_WEIGHTS)  # fmt: skip
     generate_config: str | None = setting(None, "a GenerateConfig preset (YAML): the base of every generate job's "
