@@ -517,6 +517,32 @@ def test_bad_settings_end_with_one_line(tmp_path):
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_a_job_over_the_time_limit_is_stopped_and_fails(tmp_path, image_file, splat_file):
+    server = Server(
+        tmp_path / "jobs", "--random-weights", "tiny", "--config", str(TINY), "--job-timeout", "3"
+    )
+    try:
+        server.wait_ready()
+        status, slow = server.submit("generate", image_file, options={"iters": 400})
+        job = server.wait(slow["id"])
+        assert job["status"] == "failed" and "time limit of 3 s" in job["error"], job
+        assert not (tmp_path / "jobs" / slow["id"] / "out").exists()
+        assert not list((tmp_path / "jobs" / slow["id"]).glob(".out.tmp-*"))
+    finally:
+        server.stop()
+
+
+def test_another_host_than_loopback_warns(tmp_path):
+    """Checked without binding anything but loopback: the warning comes before the settings' last check."""
+    r = subprocess.run([sys.executable, "-m", "microdreamer.cli", "serve", "--host", "0.0.0.0", "--jobs-dir",
+                        str(tmp_path / "j"), "--config", str(tmp_path / "missing.yaml")], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 2, r.stderr
+    assert lines[0].startswith("WARNING: --host 0.0.0.0: the service is reachable from other machines")
+    assert "set --token" in lines[0] and "config preset not found" in lines[1]
+
+
 # ------------------------------------------------------------------ the parts, without a server
 def test_importing_the_service_imports_neither_fastapi_nor_torch():
     code = "import sys, microdreamer.serve, microdreamer.cli; print(sorted({'fastapi', 'torch'} & set(sys.modules)))"

@@ -1109,11 +1109,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
     cfg = job_config(args)
     from microdreamer.serve import serve
 
-    if cfg.generate_config is not None:
-        config.load_preset(config.GenerateConfig, cfg.generate_config)  # a bad preset: one line, before the start
     if not cfg.loopback:
         print(f"WARNING: --host {cfg.host}: the service is reachable from other machines"
               + ("" if cfg.token else "; anyone who reaches it can run jobs (set --token)"), file=sys.stderr)  # fmt: skip
+    if cfg.generate_config is not None:  # a bad preset: one line, before the start
+        config.load_preset(config.GenerateConfig, cfg.generate_config)
     if cfg.random_weights:
         print(f"WARNING: --random-weights {cfg.random_weights}: the diffusion model has RANDOM weights; generate "
               "jobs make noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip

@@ -18,7 +18,7 @@ How it is shown is set once by the program (:func:`configure`; the command line 
 :func:`configure` gets the lines through ordinary logging, at INFO.
 
 A program that shows progress its own way (``microdreamer serve`` sends it to the page) also
-:func:`subscribe`\ s a listener: it is called with every step's description and fraction done (None when a
+registers a listener (:func:`subscribe`): it is called with every step's description and fraction done (None when a
 :func:`stage` starts), whatever the mode, in the thread that reports.
 """
 
