@@ -532,6 +532,24 @@ def test_a_job_over_the_time_limit_is_stopped_and_fails(tmp_path, image_file, sp
         server.stop()
 
 
+def test_ray_workers_run_jobs(tmp_path, splat_file):
+    """--ray-address: the worker is the batches' Ray actor (here a local cluster started for the server); no
+    model is given and none is cached, so generate jobs would fail with the load's line and mesh jobs run."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[distributed]')")
+    server = Server(tmp_path / "jobs", "--ray-address", "local", "--workers", "1")
+    try:
+        health = server.wait_ready()
+        assert health["workers"][0]["state"] == "ready" and health["model"] is None
+        status, created = server.submit("mesh", splat_file, options=QUICK_MESH)
+        job = server.wait(created["id"])
+        assert job["status"] == "done" and job["files"] == ["mesh.glb", "timings.json"], job
+        status, created = server.submit("generate", prompt="a ghost")
+        job = server.wait(created["id"])
+        assert job["status"] == "failed" and job["error"].startswith("the model did not load"), job
+    finally:
+        server.stop(signal.SIGINT)
+
+
 def test_another_host_than_loopback_warns(tmp_path):
     """Checked without binding anything but loopback: the warning comes before the settings' last check."""
     r = subprocess.run([sys.executable, "-m", "microdreamer.cli", "serve", "--host", "0.0.0.0", "--jobs-dir",

@@ -253,6 +253,11 @@ def worker_main(conn, job: ServeJob, gpu: int | None = None) -> None:
     setup_seconds, info)`` or ``("setup_failed", line)``, then per job ``("progress", id, {stage,
     progress})`` and one of ``("done", id, result)``, ``("failed", id, line)``, ``("cancelled", id)``.
     """
+    import signal
+
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C reaches the whole group: the server stops its workers
     if gpu is not None:  # before torch is imported
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
