@@ -77,3 +77,40 @@ def test_off_shows_nothing():
     assert stream.getvalue() == ""
     with pytest.raises(ValueError):
         progress.configure("loud")
+
+
+def test_subscribers_hear_every_update_and_stage_in_any_mode():
+    heard = []
+    progress.configure("off")
+    stop = progress.subscribe(lambda desc, fraction: heard.append((desc, fraction)))
+    try:
+        with progress.reporter("density field") as update:
+            update(0.5)
+            update(1.0)
+        with progress.stage("marching cubes"):
+            pass
+    finally:
+        stop()
+        progress.reset()
+    assert heard == [("density field", 0.5), ("density field", 1.0), ("marching cubes", None)]
+    stop()  # twice: harmless
+    with progress.reporter("later") as update:
+        update(0.5)
+    assert len(heard) == 3  # unsubscribed
+
+
+def test_a_subscriber_can_stop_the_step():
+    class Stop(BaseException):
+        pass
+
+    def listener(desc, fraction):
+        if fraction is not None and fraction >= 0.5:
+            raise Stop()
+
+    stop = progress.subscribe(listener)
+    try:
+        with pytest.raises(Stop), progress.reporter("step") as update:
+            update(0.25)
+            update(0.5)
+    finally:
+        stop()

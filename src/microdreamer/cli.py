@@ -48,7 +48,7 @@ class Command:
     help: str
     job: type | None  # None: the command has no job config (view, profile)
     positionals: tuple[tuple, ...]  # (dest, metavar, help[, nargs])
-    output: tuple[str, bool, str]  # (metavar, required, help); default when not required: see defaults
+    output: tuple[str, bool, str] | None  # (metavar, required, help); default when not required: see defaults
     flags: tuple[Flag, ...]
     preset: bool = True  # --config YAML
     device: bool = True  # --device
@@ -65,6 +65,12 @@ def _field_flags(prefix: str = "") -> tuple[Flag, ...]:
         Flag("--mode", f"{p}field.mode"),
         _max_faces(p),
     )
+
+
+def _serve_config() -> type:
+    from microdreamer.serve.config import ServeConfig  # no FastAPI, no torch
+
+    return ServeConfig
 
 
 def _max_faces(prefix: str) -> Flag:
@@ -230,6 +236,31 @@ COMMANDS = (
         (Flag("--model", "model", "PATH|REPO_ID"), Flag("--views", "views"), Flag("--size", "size")),
         preset=False,
     ),
+    Command(
+        "serve",
+        "a warm service: a web page and an HTTP API that queue mesh and generate jobs (the model loaded once)",
+        _serve_config(),
+        (),
+        None,
+        (
+            Flag("--host", "host"),
+            Flag("--port", "port"),
+            Flag("--model", "model", "PATH|REPO_ID"),
+            Flag("--random-weights", "random_weights"),
+            Flag("--workers", "workers", "N"),
+            Flag("--ray-address", "ray_address", "ADDR"),
+            Flag("--jobs-dir", "jobs_dir", "DIR"),
+            Flag("--token", "token", "TOKEN"),
+            Flag("--config", "generate_config", "YAML"),
+            Flag("--max-upload-mb", "max_upload_mb", "MB"),
+            Flag("--job-timeout", "job_timeout_s", "S"),
+            Flag("--keep-jobs", "keep_jobs", "N"),
+            Flag("--keep-hours", "keep_hours", "H"),
+            Flag("--device", "device"),
+        ),
+        preset=False,
+        device=False,
+    ),
 )
 
 
@@ -382,8 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
             if not nargs and cmd.batch and i == 0:
                 nargs = ["+"]
             sp.add_argument(dest, metavar=metavar, help=text, **({"nargs": nargs[0]} if nargs else {}))
-        metavar, required, text = cmd.output
-        if required:
+        metavar, required, text = cmd.output or ("", False, "")
+        if cmd.output is None:
+            pass
+        elif required:
             sp.add_argument("-o", "--output", required=True, metavar=metavar, help=text)
         else:
             default = f" (default {cmd.output_default})" if cmd.output_default else ""
@@ -415,8 +448,9 @@ def synopsis(width: int = 110) -> str:
             meta + ("...|DIR" if cmd.batch and i == 0 and not nargs else "")
             for i, (_, meta, _, *nargs) in enumerate(cmd.positionals)
         ]
-        metavar, required, _ = cmd.output
-        parts.append(f"-o {metavar}" if required else f"[-o {cmd.output_default or metavar}]")
+        if cmd.output is not None:
+            metavar, required, _ = cmd.output
+            parts.append(f"-o {metavar}" if required else f"[-o {cmd.output_default or metavar}]")
         for flag in cmd.flags:
             spec = _flag_spec(cmd, flag)
             value = (
@@ -1238,6 +1272,24 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(f"mean of {summary['count']}: {summary['mean']:.4f} ({summary['model']}); wrote {summary['path']}")
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    cfg = job_config(args)
+    from microdreamer.serve import serve
+
+    if not cfg.loopback:
+        print(f"WARNING: --host {cfg.host}: the service is reachable from other machines"
+              + ("" if cfg.token else "; anyone who reaches it can run jobs (set --token)"), file=sys.stderr)  # fmt: skip
+    if cfg.generate_config is not None:  # a bad preset: one line, before the start
+        config.load_preset(config.GenerateConfig, cfg.generate_config)
+    if cfg.random_weights:
+        print(f"WARNING: --random-weights {cfg.random_weights}: the diffusion model has RANDOM weights; generate "
+              "jobs make noise, useful only for timing and plumbing", file=sys.stderr)  # fmt: skip
+    try:
+        serve(cfg, announce=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print("stopped")
+
+
 RUNNERS = {
     "convert": cmd_convert,
     "demo": cmd_demo,
@@ -1249,6 +1301,7 @@ RUNNERS = {
     "view": cmd_view,
     "profile": cmd_profile,
     "evaluate": cmd_evaluate,
+    "serve": cmd_serve,
 }
 
 

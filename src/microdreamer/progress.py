@@ -16,6 +16,10 @@ How it is shown is set once by the program (:func:`configure`; the command line 
 ``microdreamer.progress`` at INFO; :func:`configure` attaches a handler writing them to the stream
 (so they appear under a pipe or in a log file without ``--verbose``). A library user who never calls
 :func:`configure` gets the lines through ordinary logging, at INFO.
+
+A program that shows progress its own way (``microdreamer serve`` sends it to the page) also
+registers a listener (:func:`subscribe`): it is called with every step's description and fraction done (None when a
+:func:`stage` starts), whatever the mode, in the thread that reports.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,26 @@ class _Settings:
 
 
 _settings = _Settings()
+_listeners: list = []  # callables (desc, fraction | None) -> None; see subscribe()
+
+
+def subscribe(listener) -> Callable[[], None]:
+    """Call ``listener(desc, fraction)`` at each update of every reporter (``fraction`` in [0, 1]) and
+    ``listener(desc, None)`` as each :func:`stage` starts, from now on; returns the function that stops
+    it. An exception the listener raises propagates into the step that reported (a caller may stop a
+    step that way: ``microdreamer serve`` cancels jobs so)."""
+    _listeners.append(listener)
+
+    def unsubscribe() -> None:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+    return unsubscribe
+
+
+def _notify(desc: str, fraction: float | None) -> None:
+    for listener in list(_listeners):
+        listener(desc, fraction)
 
 
 def configure(mode: str = "auto", stream=None, interval: float = 10.0, delay: float = 2.0) -> None:
@@ -137,6 +161,8 @@ class Reporter:
     def __call__(self, fraction: float) -> None:
         fraction = min(max(float(fraction), 0.0), 1.0)
         self.fraction = fraction
+        if _listeners:
+            _notify(self.desc, fraction)
         if self._closed:
             return
         if self._bar is not None:
@@ -187,6 +213,8 @@ def stage(desc: str) -> Iterator[None]:
     """A step that cannot report its progress: a line as it starts and one as it ends, written only
     once the run has lasted ``delay`` seconds (so short runs stay quiet)."""
     start = time.perf_counter()
+    if _listeners:
+        _notify(desc, None)
     announce = _settings.mode != "off" and start - _settings.start >= _settings.delay
     if announce:
         logger.info("%s ...", desc)
