@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from microdreamer import __version__
 from microdreamer.errors import InputError
+from microdreamer.formats import SPLAT_SUFFIXES
 from microdreamer.serve import inputs
 from microdreamer.serve.config import ServeConfig
 from microdreamer.serve.runner import ServeJob
@@ -324,7 +325,7 @@ def create_app(settings: ServeConfig, service: Service | None = None) -> FastAPI
     @app.post("/api/jobs", status_code=202, dependencies=auth, summary="queue a mesh or generate job")
     def create_job(
         kind: Annotated[str | None, Form(description="mesh (a splat) or generate (an image and/or a prompt); "
-                                         "default: mesh for a .ply, else generate")] = None,
+                                         "default: mesh for a splat (.ply, .spz, .sog, ...), else generate")] = None,
         file: Annotated[UploadFile | None, File(description="a splat (mesh) or an image (generate); none for "
                                                 "text-to-3D")] = None,
         prompt: Annotated[str | None, Form(description="generate: text-to-3D, or image+text-to-3D with an "
@@ -337,7 +338,7 @@ def create_app(settings: ServeConfig, service: Service | None = None) -> FastAPI
             file = None  # a form's empty file field
         name = clean_name(file.filename if file is not None else None, "input")
         if kind is None:
-            kind = "mesh" if file is not None and name.lower().endswith(".ply") else "generate"
+            kind = "mesh" if file is not None and name.lower().endswith(SPLAT_SUFFIXES) else "generate"
         if kind not in inputs.KINDS:
             raise HTTPException(
                 400, f"kind {kind[:40]!r}: use mesh (a splat) or generate (an image or a prompt)"
@@ -347,7 +348,7 @@ def create_app(settings: ServeConfig, service: Service | None = None) -> FastAPI
             raise HTTPException(400, f"prompt: give at most {MAX_PROMPT} printable characters")
         try:
             if kind == "mesh" and file is None:
-                raise InputError("file: a mesh job needs a splat file (.ply)")
+                raise InputError(f"file: a mesh job needs a splat file ({', '.join(SPLAT_SUFFIXES)})")
             if kind == "mesh" and prompt is not None:
                 raise InputError("prompt: a mesh job takes a splat, not a prompt; leave the prompt out")
             mode = inputs.generation_mode(file is not None, prompt) if kind == "generate" else None

@@ -27,7 +27,7 @@ MESH_FORMATS = tuple(s.lstrip(".") for s in config.MESH_FORMATS)
 
 def read_splat(path: str | os.PathLike):
     """Read a splat file as ``microdreamer mesh`` does (its one reader; NumPy arrays, no torch)."""
-    from microdreamer.splat_ply import read_splat_arrays
+    from microdreamer.formats import read_splat_arrays
 
     return read_splat_arrays(path)
 

@@ -40,7 +40,7 @@
   // ------------------------------------------------------------------ the form
   function choose(f) {
     file = f || null;
-    const splat = file && /\.ply$/i.test(file.name);
+    const splat = file && /\.(ply|spz|sog|splat|ksplat|glb|gltf)$/i.test(file.name);
     $("chosen").textContent = file
       ? `${file.name} (${(file.size / 1e6).toFixed(2)} MB): ${splat ? "splat → mesh" : "image → 3D"}`
       : "";
@@ -85,7 +85,7 @@
       return;
     }
     if (file) form.append("file", file, file.name);
-    form.append("kind", file && /\.ply$/i.test(file.name) ? "mesh" : "generate");
+    form.append("kind", file && /\.(ply|spz|sog|splat|ksplat|glb|gltf)$/i.test(file.name) ? "mesh" : "generate");
     if (prompt) form.append("prompt", prompt);
     if (Object.keys(opts).length) form.append("options", JSON.stringify(opts));
     $("go").disabled = true;
