@@ -105,6 +105,8 @@ COMMANDS = (
             Flag("--texture-size", "texture.size"),
             Flag("--refine", "texture.refine.steps", "STEPS"),
             Flag("--up", "up"),
+            Flag("--tiles", "scene.tiles", "off|auto|N"),
+            Flag("--voxel", "scene.voxel", "SIZE|auto"),
         ),
         batch=True,
     ),
@@ -870,7 +872,14 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     iso_note = " (auto: from the splat's alpha)" if conv.iso_method == "auto" else ""
     if carved and conv.iso_method == "auto":
         iso_note = f" (auto: {cfg.mesh.carve_level:g} x the level that matches the splat's alpha)"
-    print(f"grid: {conv.resolution}^3{grid_note}, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}; "
+    if conv.backend == "cpp-tiles":
+        st = conv.mesh_stats
+        shape = "x".join(map(str, st["grid_shape"]))
+        grid_note = (f" in {st['tiles_with_gaussians']} tiles of {st['tile_cells']}^3 cells, voxel {st['voxel']:.4g}"
+                     + (f" ({st['tiles_resumed']} resumed)" if st["tiles_resumed"] else ""))  # fmt: skip
+        print(f"grid: {shape}{grid_note}; iso-level {conv.iso_level:.3g}{iso_note}")
+    else:
+        print(f"grid: {conv.resolution}^3{grid_note}, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}; "
           f"iso-level {conv.iso_level:.3g}{iso_note}"
           + (f"; carved to the splat's silhouettes from {carve['directions']} directions" if carved else ""))  # fmt: skip
     tex = f", {cfg.texture.mode} texture {cfg.texture.size}^2" if mesh.has_texture else ""

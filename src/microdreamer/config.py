@@ -1066,6 +1066,40 @@ EXPORT_CARVE_DIRECTIONS = 24
 
 
 @dataclass
+class SceneConfig(Config):
+    """Tiled meshing of scenes (:mod:`microdreamer.scene`): the splat cut into tiles of one global grid,
+    each meshed on its own, so that memory follows the tile and not the scene.
+
+    Attributes:
+        tiles: ``"off"`` (the dense grid of ``field.resolution``, for single objects), ``"auto"`` (tiles of
+            ``tile`` cells a side) or N (N tiles along the grid's longest axis).
+        tile: cells per tile side with ``tiles = "auto"`` (a tile's field is (tile + 1)^3 float32).
+        voxel: the global grid's spacing in the splat's units, or ``"auto"``: 0.8 times the median of the
+            Gaussians' largest scales (``scene.tiles.VOXEL_FACTOR``), no resolution cap.
+    """
+
+    tiles: int | str = setting("off", "off: one dense grid; auto or N: the scene meshed in tiles (N along "
+                               "its longest axis) on one grid whose voxel follows the Gaussians")  # fmt: skip
+    tile: int = 128
+    voxel: float | str = setting("auto", "tiled mode's voxel size in the splat's units, or auto")
+
+    def validate(self) -> None:
+        if isinstance(self.tiles, str):
+            self.require("tiles", self.tiles in ("off", "auto"), "must be off, auto or a tile count")
+        else:
+            self.require("tiles", 1 <= self.tiles <= 4096, "must be off, auto or between 1 and 4096")
+        self.require("tile", 8 <= self.tile <= 1024, "must be between 8 and 1024 cells")
+        if isinstance(self.voxel, str):
+            self.require("voxel", self.voxel == "auto", "must be a positive number or auto")
+        else:
+            self.require("voxel", self.voxel > 0.0, "must be a positive number or auto")
+
+    @property
+    def enabled(self) -> bool:
+        return self.tiles != "off"
+
+
+@dataclass
 class ExportConfig(Config):
     """Splat -> density field -> mesh -> texture -> file (:func:`microdreamer.jobs.export.export_mesh`),
     the ``mesh`` command's job and every other job's mesh export.
@@ -1080,6 +1114,7 @@ class ExportConfig(Config):
         default_factory=lambda: MeshConfig(threshold="auto", carve=EXPORT_CARVE_DIRECTIONS)
     )
     texture: TextureConfig = dataclasses.field(default_factory=TextureConfig)
+    scene: SceneConfig = dataclasses.field(default_factory=SceneConfig)
     up: str = setting("+y", "the splat's up axis: the splat is turned so that it points up (+y) before "
                       "meshing, and the mesh is written in that frame; auto: the side of the ground when the "
                       "splat has one clear ground layer (a floor or table), else +y", choices=UP_CHOICES)  # fmt: skip

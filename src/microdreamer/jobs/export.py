@@ -437,6 +437,10 @@ def export_mesh(
         up, how = resolve_up(splat, "auto")
         say(describe_up(up, how))
     splat = upright(splat.to(device), up)
+    if config.scene.enabled:  # a scene in tiles: microdreamer.scene
+        from microdreamer.jobs.scene import export_scene
+
+        return export_scene(splat, path, config, device, timer=timer, name=name, stage=stage, up=up)
     config = replace(config, field=resolve_resolution(splat, config.field))
     say(f"density field: {len(splat):,} Gaussians on a {config.field.resolution}^3 grid")
     conv = splat_to_mesh(

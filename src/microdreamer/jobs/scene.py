@@ -1,0 +1,86 @@
+"""The ``mesh`` export of a scene in tiles (``--tiles auto|N``): :func:`microdreamer.scene.scene_to_mesh`,
+then the file. What :func:`~microdreamer.jobs.export.export_mesh` runs when ``config.scene`` is on.
+
+Colour: the tiled mesh is coloured per vertex from the splat's colour field, tile by tile (bounded
+memory, no UV unwrap, every face kept); the bake's views look at one object from outside, and a UV atlas
+per tile is a later step. ``--texture none`` leaves the mesh uncoloured.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from microdreamer.config import ExportConfig
+from microdreamer.errors import InputError
+from microdreamer.mesh import save_mesh
+from microdreamer.profiling import StageTimer
+from microdreamer.splat import Splat
+
+logger = logging.getLogger(__name__)
+
+
+def export_scene(
+    splat: Splat,
+    path: str | os.PathLike,
+    config: ExportConfig,
+    device: torch.device,
+    timer: StageTimer | None = None,
+    name: str = "splat",
+    stage: Callable[[str], None] | None = None,
+    up: str = "+y",
+):
+    """Mesh the (upright) ``splat`` in tiles and write ``path``; returns an
+    :class:`~microdreamer.jobs.export.ExportResult`.
+
+    Finished tiles are kept in ``<path>.tiles/`` while the run lasts: a rerun after an interruption, with
+    the same splat and settings, resumes from them; the folder is removed once the file is written.
+    """
+    from microdreamer.jobs.export import ConvertResult, ExportResult
+    from microdreamer.scene import scene_to_mesh
+
+    say = stage or (lambda message: None)
+    timer = timer or StageTimer()
+    if torch.device(device).type != "cpu":
+        say("tiles run on the CPU (the C++ field kernel); CUDA tiles are a later step")
+    if config.field.mode != "exact":
+        raise InputError(f"{name}: --tiles needs --mode exact (the tiled field is the exact mode's)")
+    scene = config.scene
+    colors = config.texture.mode != "none"
+    path = Path(path)
+    work = path.with_name(path.name + ".tiles")
+    try:
+        result = scene_to_mesh(
+            splat.to("cpu"),
+            config.field,
+            config.mesh,
+            tile=scene.tile,
+            voxel=scene.voxel,
+            tiles_along_longest=scene.tiles if isinstance(scene.tiles, int) else None,
+            colors=colors,
+            work_dir=work,
+            progress=say,
+        )
+    except ValueError as e:
+        raise InputError(f"{name}: {e}") from None
+    for k, v in result.stats["seconds"].items():
+        timer.seconds[k] = timer.seconds.get(k, 0.0) + v
+    mesh = result.mesh
+    if mesh.is_empty:
+        raise InputError(f"{name}: no surface is left after cleanup at the iso-level {result.level:g}")
+    say(f"writing {path}")
+    with timer.stage("export"):
+        written = save_mesh(mesh, path)
+    shutil.rmtree(work, ignore_errors=True)
+    g = result.plan.grid
+    conv = ConvertResult(
+        mesh, len(splat), len(result.plan.prepared), max(g.shape), "cpp-tiles", float("nan"), result.stats,
+        result.level, result.iso_method, result.iso_iou, None,
+    )  # fmt: skip
+    texture_stats = {"mode": "vertex colours (colour field)"} if colors else {}
+    return ExportResult(written, mesh, conv, texture_stats, up)

@@ -1,0 +1,676 @@
+"""A scene meshed tile by tile on one global grid, in memory that follows the tile, not the scene.
+
+The plan
+--------
+One global grid of points ``origin + spacing * (i, j, k)``, ``0 <= i < shape[0]`` (and so on), covers the
+kept Gaussians' centres with a margin. Its cells are cut into cubic tiles of ``tile`` cells a side: tile
+``(a, b, c)`` holds the points ``a * tile .. a * tile + tile`` along x (and so on, clipped to the grid), so
+two neighbouring tiles share one plane of points and no cell. Each Gaussian goes to every tile its cutoff
+box (the grid points where it can count, :mod:`microdreamer.field.common`'s exact mode) touches.
+
+Exactness
+---------
+The Gaussians are prepared once, in *voxel units* (grid point ``i`` at coordinate ``i``; float64 then
+rounded to float32 once, as :func:`~microdreamer.field.prepare_gaussians` does in its normalised units).
+A tile's field is the C++ kernel's (:func:`microdreamer.kernels.cpu.field_scatter`) with its Gaussians
+shifted by the tile's integer offset and the axis ``0, 1, ..., tile``: ``i - (mu - s)`` and
+``(i + s) - mu`` are both exact in float64, so every sample equals, bit for bit, the sample of the same
+point in any other tiling (each voxel's terms are added in Gaussian order, and a Gaussian left out of a
+tile has no term at its points). Marching cubes triangulates each cell from its eight samples alone, so
+the tiles' faces are exactly the faces of the whole grid; a vertex on a grid edge (or a grid point) is
+given its global edge id and its position is recomputed from the edge's two samples, so the copies two
+tiles make of a border vertex are the same vertex, merged by id (the weld): no crack, no doubled face.
+
+The iso level is one for the scene, chosen before any tile is meshed: a fixed ``--threshold``, or
+``auto`` as :func:`~microdreamer.field.iso.choose_iso_level` chooses it on the whole grid, from the
+scene's column maxima (a first pass over the tiles, field only: the maximum along a column is the
+maximum of the tiles' maxima) and the splat's alpha along the grid's three axes; tiling changes neither.
+
+Not (yet) done per tile: silhouette carving (its views look at one object from outside) and the UV
+texture; a tiled mesh is coloured per vertex from the splat's colour field, tile by tile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from microdreamer.config import FieldConfig, MeshConfig
+from microdreamer.field.common import PreparedGaussians
+from microdreamer.mesh.types import Mesh
+from microdreamer.splat import Splat
+
+logger = logging.getLogger(__name__)
+
+#: voxel = this times the median of the kept Gaussians' largest scales (``voxel="auto"``); the dense
+#: path's ``resolution="auto"`` lands between 0.67x and 1x of that median (the guitar capture: 0.79x)
+VOXEL_FACTOR = 0.8
+#: the grid's margin beyond the kept centres: this many voxels, plus 3 times the 99th percentile of the
+#: Gaussians' largest scales
+MARGIN_VOXELS = 4
+#: points along the grid's longest axis at most (``voxel="auto"`` grows the voxel to fit)
+MAX_POINTS = 16384
+#: Gaussians prepared at once (float64 work arrays of about 300 bytes each)
+PREPARE_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class SceneGrid:
+    """The global grid: point ``(i, j, k)`` at ``origin + spacing * (i, j, k)``, ``shape`` points per axis."""
+
+    origin: tuple[float, float, float]
+    spacing: float
+    shape: tuple[int, int, int]
+
+
+@dataclass
+class ScenePlan:
+    """The grid, the Gaussians in its voxel units, and the tiles.
+
+    Attributes:
+        grid: the global grid.
+        tile: cells per tile side (a tile's field is ``(tile + 1)^3`` float32 at most).
+        tiles: (Tx, Ty, Tz) tiles per axis.
+        prepared: N kept Gaussians in voxel units (``means`` [N, 3] float32, ``transforms`` [N, 3, 3],
+            ``opacities`` [N], ``radii`` [N, 3]), the field's (voxel filter included).
+        boxes: [N, 3, 2] int64 first and last grid point per axis each Gaussian's cutoff box reaches
+            (last < first: none).
+        colors: [N, 3] float32 base colours of the kept Gaussians.
+        config: the field settings.
+    """
+
+    grid: SceneGrid
+    tile: int
+    tiles: tuple[int, int, int]
+    prepared: PreparedGaussians
+    boxes: torch.Tensor
+    colors: torch.Tensor
+    config: FieldConfig
+    _order: torch.Tensor | None = field(default=None, repr=False)
+    _starts: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def num_tiles(self) -> int:
+        return self.tiles[0] * self.tiles[1] * self.tiles[2]
+
+    def tile_index(self, t: int) -> tuple[int, int, int]:
+        """Tile number ``t`` (row-major over (x, y, z): z fastest) -> its (a, b, c)."""
+        tx, ty, tz = self.tiles
+        return (t // (ty * tz), (t // tz) % ty, t % tz)
+
+    def tile_points(self, t: int) -> tuple[tuple[int, int], ...]:
+        """The first and last global grid point per axis of tile ``t`` (inclusive)."""
+        idx = self.tile_index(t)
+        return tuple(
+            (i * self.tile, min(i * self.tile + self.tile, n - 1))
+            for i, n in zip(idx, self.grid.shape, strict=True)
+        )
+
+    def gaussians_of(self, t: int) -> torch.Tensor:
+        """[n] int64 indices (ascending) of the Gaussians whose cutoff box touches tile ``t``."""
+        if self._order is None:
+            self._bin()
+        return self._order[int(self._starts[t]) : int(self._starts[t + 1])]
+
+    def _bin(self) -> None:
+        """(Gaussian, tile) pairs sorted by tile, Gaussians in order within a tile."""
+        lo, hi = self.boxes[..., 0], self.boxes[..., 1]
+        n_t = torch.tensor(self.tiles)
+        valid = (hi >= lo).all(-1)
+        # point p lies in tiles ceil(p / T) - 1 .. floor(p / T): a box [lo, hi] touches those from
+        # ceil(lo / T) - 1 to floor(hi / T)
+        t0 = (torch.div(lo + self.tile - 1, self.tile, rounding_mode="floor") - 1).clamp_min(0)
+        t1 = torch.minimum(torch.div(hi, self.tile, rounding_mode="floor"), n_t - 1)
+        t0, t1 = t0[valid], t1[valid]
+        gid = torch.nonzero(valid).flatten()
+        ext = (t1 - t0 + 1).clamp_min(0)
+        count = ext.prod(-1)
+        rep = torch.repeat_interleave(torch.arange(gid.numel()), count)
+        offset = torch.arange(rep.numel()) - torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
+        e = ext[rep]
+        iz = offset % e[:, 2]
+        iy = (offset // e[:, 2]) % e[:, 1]
+        ix = offset // (e[:, 2] * e[:, 1])
+        tid = ((t0[rep, 0] + ix) * self.tiles[1] + (t0[rep, 1] + iy)) * self.tiles[2] + (t0[rep, 2] + iz)
+        order = torch.argsort(tid, stable=True)
+        self._order = gid[rep[order]]
+        self._starts = torch.searchsorted(tid[order], torch.arange(self.num_tiles + 1))
+
+
+def _prepare_voxel_units(
+    splat: Splat, keep: torch.Tensor, grid: SceneGrid, config: FieldConfig, filter_variance: float
+) -> tuple[PreparedGaussians, torch.Tensor]:
+    """The kept Gaussians in voxel units (float64, rounded once), in chunks: (prepared, boxes)."""
+    index = torch.nonzero(keep).flatten()
+    origin = torch.tensor(grid.origin, dtype=torch.float64)
+    h = grid.spacing
+    c = math.sqrt(config.cutoff_sq)
+    shape = torch.tensor(grid.shape)
+    parts = []
+    for start in range(0, index.numel(), PREPARE_CHUNK):
+        sub = splat.subset(index[start : start + PREPARE_CHUNK])
+        with torch.no_grad():
+            means = (sub.means.double() - origin) / h
+            scales = sub.scales().double() / h
+            rot = sub.rotation_matrices().double()
+            opac = sub.opacities().double()
+        if filter_variance > 0.0:  # Sigma + v h^2 I with the mass kept (field/common.py)
+            wide = (scales.square() + filter_variance).sqrt()
+            opac = opac * (scales / wide).prod(-1)
+            scales = wide
+        transforms = rot.transpose(1, 2) / scales[:, :, None]
+        radii = c * ((rot * scales[:, None, :]) ** 2).sum(-1).sqrt() * (1.0 + 1e-6)
+        m32, r32 = means.float(), radii.float()
+        mu, rad = m32.double(), r32.double()
+        lo = torch.ceil(mu - rad - 1e-9).clamp(min=0).long()
+        hi = torch.minimum(torch.floor(mu + rad + 1e-9).long(), shape - 1)
+        parts.append((m32, opac.float(), transforms.float(), r32, torch.stack([lo, hi], -1)))
+    cat = [torch.cat([p[k] for p in parts]) if parts else None for k in range(5)]
+    if not parts:
+        z = torch.zeros(0, 3)
+        return PreparedGaussians(z, z[:, 0], z.new_zeros(0, 3, 3), z), torch.zeros(0, 3, 2, dtype=torch.long)
+    return PreparedGaussians(*(t.contiguous() for t in cat[:4])), cat[4].contiguous()
+
+
+def plan_scene(
+    splat: Splat,
+    config: FieldConfig,
+    tile: int = 128,
+    voxel: float | str = "auto",
+    tiles_along_longest: int | None = None,
+) -> ScenePlan:
+    """Lay the global grid over ``splat`` (CPU) and cut it into tiles.
+
+    Args:
+        splat: N Gaussians on the CPU.
+        config: the field's settings (exact mode: ``min_opacity``, ``cutoff_tol``, ``voxel_filter``).
+        tile: cells per tile side.
+        voxel: the grid spacing in the splat's units, or ``"auto"``: :data:`VOXEL_FACTOR` times the median of
+            the kept Gaussians' largest scales (grown so that the longest axis has at most
+            :data:`MAX_POINTS` points).
+        tiles_along_longest: when given, ``tile`` is chosen so that the grid's longest axis holds this many
+            tiles (``--tiles N``).
+    """
+    if config.mode != "exact":
+        raise ValueError("the tiled path computes the exact mode's field (--mode exact)")
+    with torch.no_grad():
+        keep = splat.opacities().float() > config.min_opacity
+        means = splat.means[keep].double()
+        largest = splat.scales()[keep].double().amax(-1) if means.shape[0] else torch.zeros(0)
+    if means.shape[0] == 0:
+        lo = hi = torch.zeros(3, dtype=torch.float64)
+        med = p99 = 1.0
+    else:
+        lo, hi = means.amin(0), means.amax(0)
+        med = float(largest.median())
+        p99 = float(torch.quantile(largest[: 1 << 24].float(), 0.99))
+    extent = float((hi - lo).amax())
+    if voxel == "auto":
+        h = VOXEL_FACTOR * med if med > 0 else max(extent, 1.0) / 128
+        h = max(h, extent / (MAX_POINTS - 2 * MARGIN_VOXELS - 1), 1e-30)
+    else:
+        h = float(voxel)
+    margin = MARGIN_VOXELS * h + 3.0 * p99
+    origin = lo - margin
+    shape = tuple(int(v) for v in torch.ceil((hi + margin - origin) / h).long() + 1)
+    shape = tuple(max(2, s) for s in shape)
+    grid = SceneGrid(tuple(float(v) for v in origin), float(h), shape)
+    if tiles_along_longest is not None:
+        tile = max(1, math.ceil((max(shape) - 1) / tiles_along_longest))
+    tile = max(1, min(int(tile), max(shape) - 1))
+    tiles = tuple(max(1, math.ceil((s - 1) / tile)) for s in shape)
+    prepared, boxes = _prepare_voxel_units(splat, keep, grid, config, config.filter_variance)
+    with torch.no_grad():
+        colors = splat.colors()[keep].float().contiguous()
+    return ScenePlan(grid, tile, tiles, prepared, boxes, colors, config)
+
+
+# ------------------------------------------------------------------------------------------ memory
+@dataclass
+class MemoryCounter:
+    """Counts the bytes of the per-tile grid arrays (field, padded copy) alive at once: the instrumented
+    hook the tests read (``peak``: the most at any time; ``largest``: the largest single array)."""
+
+    current: int = 0
+    peak: int = 0
+    largest: int = 0
+
+    def add(self, nbytes: int) -> None:
+        self.current += int(nbytes)
+        self.peak = max(self.peak, self.current)
+        self.largest = max(self.largest, int(nbytes))
+
+    def sub(self, nbytes: int) -> None:
+        self.current -= int(nbytes)
+
+
+# ------------------------------------------------------------------------------------------- tiles
+def tile_field(plan: ScenePlan, t: int, counter: MemoryCounter | None = None) -> np.ndarray:
+    """[nx, ny, nz] float32 field of tile ``t`` at its points (:meth:`ScenePlan.tile_points`), the same
+    samples as any other tiling gives (module docstring). The array is a view of a cube of
+    ``max(n) ^ 3`` samples (the kernel's layout)."""
+    from microdreamer.field.torch_impl import _Q_MAX
+    from microdreamer.kernels import cpu
+
+    bounds = plan.tile_points(t)
+    start = torch.tensor([b[0] for b in bounds])
+    sizes = [b[1] - b[0] + 1 for b in bounds]
+    side = max(sizes)
+    out = torch.zeros(side, side, side, dtype=torch.float32)
+    if counter is not None:
+        counter.add(out.numel() * 4)
+    idx = plan.gaussians_of(t)
+    if idx.numel():
+        p = plan.prepared
+        box = plan.boxes[idx] - start[None, :, None]
+        last = torch.tensor(sizes) - 1
+        box[..., 1] = torch.minimum(box[..., 1], last)  # no work outside the grid
+        box[..., 0] = box[..., 0].clamp_min(0)
+        limit = min(plan.config.cutoff_sq, _Q_MAX)
+        cpu.field_scatter(
+            p.means[idx].double() - start.double(),  # exact: float32 minus an integer, in float64
+            p.transforms[idx].double().contiguous(),
+            p.opacities[idx].contiguous(),
+            box.contiguous(),
+            torch.arange(side, dtype=torch.float64),
+            limit,
+            out,
+            workers=torch.get_num_threads(),
+        )
+    return out.numpy()[: sizes[0], : sizes[1], : sizes[2]]
+
+
+def _pad_sides(
+    values: np.ndarray, threshold: float, lo: tuple[bool, ...], hi: tuple[bool, ...]
+) -> np.ndarray:
+    """``values`` with one layer of samples below ``threshold`` on the sides flagged (those on the global
+    grid's border), as :func:`microdreamer.mesh.marching._close_boundary_pad` pads every side: the same
+    values there, so a tile on the border closes the surface as the whole grid would."""
+    pad = [(int(a), int(b)) for a, b in zip(lo, hi, strict=True)]
+    padded = np.pad(values, pad, mode="edge") if any(any(p) for p in pad) else np.ascontiguousarray(values)
+    t = np.float32(threshold)
+    below = np.nextafter(t, np.float32(-np.inf))
+    for axis in range(3):
+        for index, on in ((0, lo[axis]), (-1, hi[axis])):
+            if not on:
+                continue
+            sl = [slice(None)] * 3
+            sl[axis] = index
+            shell = padded[tuple(sl)]
+            reflected = np.where(shell > t, 2 * t - shell, shell)
+            np.minimum(reflected, below, out=shell)
+    return padded
+
+
+@dataclass
+class TilePiece:
+    """One tile's part of the mesh, before the weld.
+
+    Attributes:
+        vertices: [V, 3] float32 world positions.
+        faces: [F, 3] int64 into ``vertices``, wound outward.
+        keys: [V] int64 global id of the grid edge (or grid point) each vertex lies on, -1 for a vertex
+            inside a cell (marching cubes' centre vertices).
+        candidates: [V] bool, the vertices the merge search must look at
+            (:meth:`~microdreamer.mesh.marching.GridVertices.merge_candidates`).
+        colors: [V, 3] float32 colour-field colours, or None.
+    """
+
+    vertices: np.ndarray
+    faces: np.ndarray
+    keys: np.ndarray
+    candidates: np.ndarray
+    colors: np.ndarray | None = None
+
+    @classmethod
+    def empty(cls, colors: bool = False) -> TilePiece:
+        return cls(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int64), np.zeros(0, np.int64),
+                   np.zeros(0, bool), np.zeros((0, 3), np.float32) if colors else None)  # fmt: skip
+
+
+def tile_mesh(
+    plan: ScenePlan,
+    t: int,
+    level: float,
+    tolerance: float,
+    colors: bool = False,
+    counter: MemoryCounter | None = None,
+) -> TilePiece:
+    """Field, marching cubes and the merge candidates of tile ``t`` (see the module docstring).
+
+    Args:
+        level: the scene's iso level.
+        tolerance: the merge tolerance (world units) the weld's cleanup will use, or an upper bound.
+        colors: colour the vertices from the splat's colour field (the tile's Gaussians).
+    """
+    from microdreamer.mesh.marching import marching_cubes_on_grid
+
+    values = tile_field(plan, t, counter)
+    bounds = plan.tile_points(t)
+    lo = tuple(b[0] == 0 for b in bounds)
+    hi = tuple(b[1] == n - 1 for b, n in zip(bounds, plan.grid.shape, strict=True))
+    padded = _pad_sides(values, level, lo, hi)
+    if counter is not None:
+        counter.add(padded.nbytes)
+    shift = np.array(
+        [b[0] - int(p) for b, p in zip(bounds, lo, strict=True)], np.int64
+    )  # padded [0] -> global
+    h = plan.grid.spacing
+    origin = np.asarray(plan.grid.origin, np.float64)
+    mesh, gv = marching_cubes_on_grid(padded, level, origin + h * shift, h, close_boundary=False)
+    if counter is not None:
+        counter.sub(padded.nbytes)
+        counter.sub(int(np.prod([max(b[1] - b[0] + 1 for b in bounds)] * 3)) * 4)
+    if mesh.is_empty:
+        return TilePiece.empty(colors)
+    local = gv.coords.astype(np.float64)
+    integral = local == np.floor(local)
+    n_int = integral.sum(1)
+    cell = np.floor(local).astype(np.int64)
+    g = cell + shift + 1  # >= 0: the pad layer is at global -1
+    dims = np.asarray(plan.grid.shape, np.int64) + 2
+    free = np.where(n_int == 3, 3, np.argmin(integral, axis=1))  # the edge's axis; 3: on a grid point
+    keys = ((free * dims[0] + g[:, 0]) * dims[1] + g[:, 1]) * dims[2] + g[:, 2]
+    keys = np.where(n_int >= 2, keys, -1)
+    vertices = mesh.vertices.astype(np.float64)
+    # positions of edge vertices from the edge's two samples (the same in every tiling)
+    on_edge = np.flatnonzero(n_int == 2)
+    if on_edge.size:
+        c0 = cell[on_edge]
+        ax = free[on_edge]
+        c1 = c0.copy()
+        c1[np.arange(on_edge.size), ax] += 1
+        v0 = padded[c0[:, 0], c0[:, 1], c0[:, 2]].astype(np.float64)
+        v1 = padded[c1[:, 0], c1[:, 1], c1[:, 2]].astype(np.float64)
+        frac = (level - v0) / (v1 - v0)
+        pos = (c0 + shift).astype(np.float64)
+        pos[np.arange(on_edge.size), ax] += frac
+        vertices[on_edge] = origin + h * pos
+    on_point = np.flatnonzero(n_int == 3)
+    if on_point.size:
+        vertices[on_point] = origin + h * (cell[on_point] + shift)
+    candidates = gv.merge_candidates(tolerance)
+    if candidates is None:
+        candidates = np.ones(mesh.num_vertices, bool)
+    piece = TilePiece(vertices.astype(np.float32), mesh.faces.astype(np.int64), keys, candidates)
+    if colors:
+        piece.colors = _tile_colors(plan, t, piece.vertices)
+    return piece
+
+
+def _tile_colors(plan: ScenePlan, t: int, vertices: np.ndarray) -> np.ndarray:
+    """[V, 3] float32: the splat's colour field at the vertices, from the tile's Gaussians; where no
+    Gaussian reaches a vertex, the colour of the nearest Gaussian centre among them."""
+    from microdreamer.texture.field_bake import colour_field
+
+    idx = plan.gaussians_of(t)
+    if idx.numel() == 0:
+        return np.full((vertices.shape[0], 3), 0.5, np.float32)
+    p = plan.prepared
+    sub = PreparedGaussians(p.means[idx], p.opacities[idx], p.transforms[idx], p.radii[idx])
+    origin = np.asarray(plan.grid.origin)
+    points = torch.from_numpy(((vertices.astype(np.float64) - origin) / plan.grid.spacing).astype(np.float32))
+    colour, weight = colour_field(points, sub, plan.colors[idx], plan.config.cutoff_sq)
+    colour = colour.float().numpy()
+    unseen = ~(weight.numpy() > 0)
+    if unseen.any():
+        from scipy.spatial import cKDTree
+
+        _, near = cKDTree(sub.means.numpy()).query(points.numpy()[unseen])
+        colour[unseen] = plan.colors[idx].numpy()[near]
+    return np.clip(colour, 0.0, 1.0).astype(np.float32)
+
+
+# -------------------------------------------------------------------------------------------- weld
+def weld_pieces(pieces: list[TilePiece]) -> tuple[Mesh, np.ndarray]:
+    """The tiles' pieces as one mesh: vertices with the same grid edge id are one vertex. Returns
+    ``(mesh, candidates [V] bool)``. Vertices on grid edges come first, in the order of their ids (the
+    same in every tiling), then the cells' centre vertices, tile by tile."""
+    pieces = [p for p in pieces if p.faces.shape[0]]
+    if not pieces:
+        return Mesh.empty(), np.zeros(0, bool)
+    keys = np.concatenate([p.keys for p in pieces])
+    keyed = keys >= 0
+    uniq, inverse = np.unique(keys[keyed], return_inverse=True)
+    ids = np.empty(keys.shape[0], np.int64)
+    ids[keyed] = inverse.reshape(-1)
+    n_center = int((~keyed).sum())
+    ids[~keyed] = uniq.size + np.arange(n_center)
+    v = uniq.size + n_center
+    all_vertices = np.concatenate([p.vertices for p in pieces])
+    vertices = np.empty((v, 3), np.float32)
+    vertices[ids[::-1]] = all_vertices[::-1]  # the first copy wins (all copies are equal)
+    candidates = np.zeros(v, bool)
+    np.logical_or.at(candidates, ids, np.concatenate([p.candidates for p in pieces]))
+    colors = None
+    if pieces[0].colors is not None:
+        colors = np.empty((v, 3), np.float32)
+        colors[ids[::-1]] = np.concatenate([p.colors for p in pieces])[::-1]
+    starts = np.cumsum([0] + [p.vertices.shape[0] for p in pieces])
+    faces = np.concatenate([ids[p.faces + s] for p, s in zip(pieces, starts[:-1], strict=True)])
+    return Mesh(vertices, faces, colors), candidates
+
+
+@dataclass
+class _Candidates:
+    """The weld's merge candidates, in the shape the cleanup asks of a
+    :class:`~microdreamer.mesh.marching.GridVertices` (``coords`` rows and ``merge_candidates``)."""
+
+    mask: np.ndarray
+
+    @property
+    def coords(self) -> np.ndarray:
+        return np.empty((self.mask.shape[0], 0), np.float32)
+
+    def merge_candidates(self, tolerance: float) -> np.ndarray:
+        return self.mask
+
+
+# --------------------------------------------------------------------------------------- the scene
+@dataclass
+class SceneResult:
+    """What :func:`scene_to_mesh` made.
+
+    Attributes:
+        mesh: the welded, cleaned mesh (vertex colours when asked for).
+        plan: the plan it ran.
+        level: the iso level; iso_method: ``"fixed"`` or ``"auto"``; iso_iou: the silhouettes' IoU.
+        stats: counts (tiles run, empty, resumed; faces before and after cleanup) and ``seconds`` per stage.
+        memory: the per-tile grid arrays' bytes (:class:`MemoryCounter`).
+    """
+
+    mesh: Mesh
+    plan: ScenePlan
+    level: float
+    iso_method: str
+    iso_iou: float | None
+    stats: dict
+    memory: MemoryCounter
+
+
+def _column_alphas(plan: ScenePlan, splat: Splat) -> list[torch.Tensor]:
+    """The splat's alpha along the grid's three axes at its columns ([shape without axis a] each)."""
+    from microdreamer.field.carve import projected_alpha
+
+    keep = splat.opacities().float() > plan.config.min_opacity
+    raw, _ = _prepare_voxel_units(splat, keep, plan.grid, plan.config, 0.0)
+    out = []
+    for a in range(3):
+        basis = torch.eye(3, dtype=torch.float64)[[b for b in range(3) if b != a]]
+        size = tuple(plan.grid.shape[b] for b in range(3) if b != a)
+        out.append(projected_alpha(raw, basis, (0.0, 0.0), size, 1.0, dtype=torch.float32))
+    return out
+
+
+def _signature(plan: ScenePlan, splat: Splat, threshold, mesh_config: MeshConfig, colors: bool) -> str:
+    """A digest of everything a tile's piece depends on (the resume check)."""
+    h = hashlib.sha256()
+    for t in (splat.means, splat.opacity_logits, splat.log_scales, splat.quats, splat.sh_dc):
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    h.update(json.dumps([plan.grid.origin, plan.grid.spacing, plan.grid.shape, plan.tile, repr(plan.config),
+                         repr(threshold), mesh_config.merge_tolerance, colors]).encode())  # fmt: skip
+    return h.hexdigest()[:16]
+
+
+def _save_piece(path: Path, piece: TilePiece) -> None:
+    tmp = path.with_name(path.name + ".tmp.npz")
+    arrays = {k: getattr(piece, k) for k in ("vertices", "faces", "keys", "candidates")}
+    if piece.colors is not None:
+        arrays["colors"] = piece.colors
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def _load_piece(path: Path) -> TilePiece:
+    with np.load(path) as z:
+        return TilePiece(z["vertices"], z["faces"], z["keys"], z["candidates"],
+                         z["colors"] if "colors" in z else None)  # fmt: skip
+
+
+def scene_to_mesh(
+    splat: Splat,
+    field_config: FieldConfig,
+    mesh_config: MeshConfig,
+    tile: int = 128,
+    voxel: float | str = "auto",
+    tiles_along_longest: int | None = None,
+    colors: bool = False,
+    work_dir: str | os.PathLike | None = None,
+    progress: Callable[[str], None] | None = None,
+    plan: ScenePlan | None = None,
+) -> SceneResult:
+    """Mesh a scene tile by tile (module docstring): plan, iso level, tiles, weld, cleanup.
+
+    Args:
+        splat: N Gaussians (moved to the CPU).
+        field_config: exact mode's settings (``resolution`` is not used: the grid's spacing is ``voxel``).
+        mesh_config: ``threshold`` (a number or ``"auto"``), ``min_component_fraction`` (here: of the
+            largest component's faces, so that a scene of many objects keeps them all),
+            ``remove_cavities``, ``merge_tolerance``, ``decimate_target``; ``carve`` is not applied.
+        tile, voxel, tiles_along_longest: the plan (:func:`plan_scene`).
+        colors: vertex colours from the splat's colour field, tile by tile.
+        work_dir: a folder keeping each finished tile's piece (and the iso level); a rerun with the same
+            splat and settings loads them instead of computing them again (resume).
+        progress: called with a one-line message per tile.
+        plan: a plan made before (the other plan arguments are then ignored).
+
+    Raises:
+        ValueError: no Gaussian above the opacity filter, or no surface at the level.
+    """
+    from microdreamer.field.iso import IsoLevel, choose_iso_level
+    from microdreamer.mesh.cleanup import _vertex_components, cleanup_mesh_with_stats, decimate
+
+    say = progress or (lambda message: None)
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    splat = splat.to("cpu")
+    if plan is None:
+        plan = plan_scene(splat, field_config, tile, voxel, tiles_along_longest)
+    if len(plan.prepared) == 0:
+        raise ValueError(f"no Gaussian has opacity above {field_config.min_opacity}; nothing to mesh")
+    plan.gaussians_of(0)  # bin now, inside the plan's time
+    seconds["plan"] = time.perf_counter() - start
+    counter = MemoryCounter()
+    g = plan.grid
+    diag = g.spacing * math.sqrt(sum((s - 1) ** 2 for s in g.shape))
+    tolerance = float(mesh_config.merge_tolerance) * diag
+    occupied = [t for t in range(plan.num_tiles) if plan.gaussians_of(t).numel()]
+    say(f"scene grid {g.shape[0]}x{g.shape[1]}x{g.shape[2]} points of {g.spacing:.4g}, "
+        f"{plan.num_tiles} tiles of {plan.tile}^3 cells ({len(occupied)} with Gaussians)")  # fmt: skip
+
+    work = Path(work_dir) if work_dir is not None else None
+    signature = _signature(plan, splat, mesh_config.threshold, mesh_config, colors) if work else ""
+    state: dict = {}
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+        state_path = work / "scene.json"
+        if state_path.exists():
+            state = json.loads(state_path.read_text())
+            if state.get("signature") != signature:
+                for old in work.glob("tile_*.npz"):
+                    old.unlink()
+                state = {}
+        state["signature"] = signature
+
+    t0 = time.perf_counter()
+    if mesh_config.threshold != "auto":
+        iso = IsoLevel(float(mesh_config.threshold), "fixed")
+    elif "level" in state:
+        iso = IsoLevel(state["level"], state["iso_method"], state.get("iso_iou"))
+    else:  # first pass: the column maxima of the field, tile by tile
+        maxima = [np.zeros([g.shape[b] for b in range(3) if b != a], np.float32) for a in range(3)]
+        for n, t in enumerate(occupied):
+            values = tile_field(plan, t, counter)
+            first = [b[0] for b in plan.tile_points(t)]
+            for a in range(3):  # the column maxima of the tile's points, across axis a
+                sl = tuple(slice(first[b], first[b] + values.shape[b]) for b in range(3) if b != a)
+                np.maximum(maxima[a][sl], values.max(a), out=maxima[a][sl])
+            counter.sub(max(values.shape) ** 3 * 4)
+            del values
+            say(f"iso-level pass: tile {n + 1}/{len(occupied)}")
+        alphas = _column_alphas(plan, splat)
+        iso = choose_iso_level([torch.from_numpy(m) for m in maxima], alphas)
+        del maxima, alphas
+    seconds["iso"] = time.perf_counter() - t0
+    if work is not None:
+        state.update(level=iso.level, iso_method=iso.method, iso_iou=iso.iou)
+        tmp = work / "scene.json.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, work / "scene.json")
+
+    t0 = time.perf_counter()
+    pieces, resumed = [], 0
+    for n, t in enumerate(occupied):
+        path = work / f"tile_{t}.npz" if work is not None else None
+        if path is not None and path.exists():
+            pieces.append(_load_piece(path))
+            resumed += 1
+        else:
+            piece = tile_mesh(plan, t, iso.level, tolerance, colors, counter)
+            if path is not None:
+                _save_piece(path, piece)
+            pieces.append(piece)
+        say(f"tile {n + 1}/{len(occupied)}: {pieces[-1].faces.shape[0]:,} faces")
+    seconds["tiles"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    welded, candidates = weld_pieces(pieces)
+    del pieces
+    seconds["weld"] = time.perf_counter() - t0
+    if welded.is_empty:
+        raise ValueError(f"no surface at the iso-level {iso.level:g} in any tile")
+    t0 = time.perf_counter()
+    _, labels = _vertex_components(welded.faces, welded.num_vertices)
+    counts = np.bincount(labels[welded.faces[:, 0]])
+    fraction = mesh_config.min_component_fraction * float(counts.max()) / float(welded.num_faces)
+    clean_config = replace(mesh_config, threshold=iso.level, min_component_fraction=fraction)
+    mesh, cleanup = cleanup_mesh_with_stats(welded, clean_config, _Candidates(candidates))
+    if mesh_config.decimate_target is not None and not mesh.is_empty:
+        mesh = decimate(mesh, mesh_config.decimate_target)
+    seconds["cleanup"] = time.perf_counter() - t0
+    stats = {
+        "tiles": plan.num_tiles,
+        "tiles_with_gaussians": len(occupied),
+        "tiles_resumed": resumed,
+        "faces_marching_cubes": int(welded.num_faces),
+        "faces_after_cleanup": int(cleanup.faces_out),
+        "components_removed": cleanup.components_removed,
+        "cavities_removed": cleanup.cavities_removed,
+        "vertices": mesh.num_vertices,
+        "faces": mesh.num_faces,
+        "grid_shape": list(g.shape),
+        "voxel": g.spacing,
+        "tile_cells": plan.tile,
+        "seconds": seconds,
+    }
+    return SceneResult(mesh, plan, iso.level, iso.method, iso.iou, stats, counter)

@@ -1,0 +1,175 @@
+"""Tiled meshing of scenes (microdreamer.scene): any tiling gives the same mesh, memory follows the tile,
+a resumed run gives the same file."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from microdreamer.config import FieldConfig, MeshConfig
+from microdreamer.scene import plan_scene, scene_to_mesh
+from microdreamer.splat import Splat
+from microdreamer.synthetic import surface_splat
+
+pytest.importorskip("skimage")
+
+
+def spheres(centres, n: int = 1200, radius: float = 0.3) -> Splat:
+    """Copies of a sphere of flat Gaussians at ``centres`` (the scene's objects)."""
+    one = surface_splat(n, radius=radius, scale=0.03)
+    parts = [one.tensors() for _ in centres]
+    for p, c in zip(parts, centres, strict=True):
+        p["means"] = p["means"] + torch.tensor(c, dtype=torch.float32)
+    return Splat(**{k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+
+
+#: 2 x 2 x 2 spheres, the x axis longer (the grid is 1.1-1.2x longer along x), so that tiles of one size
+#: cut it into 1, 2, 8 or 27 tiles
+SCENE = [(x, y, z) for x in (0.0, 1.0) for y in (0.0, 0.8) for z in (0.0, 0.8)]
+
+
+def retile(plan, tile: int):
+    tiles = tuple(max(1, math.ceil((s - 1) / tile)) for s in plan.grid.shape)
+    return dataclasses.replace(plan, tile=tile, tiles=tiles, _order=None, _starts=None)
+
+
+@pytest.fixture(scope="module")
+def scene():
+    splat = spheres(SCENE)
+    plan = plan_scene(splat, FieldConfig(), tile=4096)
+    sx, sy, sz = (s - 1 for s in plan.grid.shape)
+    tiles = {1: sx, 2: max(sy, sz), 8: math.ceil(sx / 2), 27: math.ceil(sx / 3)}
+    plans = {count: retile(plan, t) for count, t in tiles.items()}
+    for count, p in plans.items():
+        assert p.num_tiles == count, (count, p.tiles, plan.grid.shape)
+    config = MeshConfig(threshold="auto")
+    return splat, {count: scene_to_mesh(splat, FieldConfig(), config, plan=p) for count, p in plans.items()}
+
+
+def _canonical_faces(faces: np.ndarray) -> set[tuple[int, int, int]]:
+    """Faces as a set, each rotated to start at its smallest index (winding kept)."""
+    r = np.argmin(faces, axis=1)
+    rolled = np.stack([faces[np.arange(len(faces)), (r + k) % 3] for k in range(3)], 1)
+    return set(map(tuple, rolled.tolist()))
+
+
+def _border_edges(faces: np.ndarray) -> int:
+    """Edges used by one face only (cracks, or an open surface)."""
+    e = np.sort(np.concatenate([faces[:, [0, 1]], faces[:, [1, 2]], faces[:, [2, 0]]]), axis=1)
+    _, counts = np.unique(e, axis=0, return_counts=True)
+    return int((counts == 1).sum())
+
+
+@pytest.mark.parametrize("count", [2, 8, 27])
+def test_any_tiling_gives_the_same_mesh(scene, count):
+    from scipy.spatial import cKDTree
+
+    _, results = scene
+    one, many = results[1], results[count]
+    assert many.level == one.level  # one iso level for the scene, whatever the tiling
+    a, b = one.mesh, many.mesh
+    assert (a.num_vertices, a.num_faces) == (b.num_vertices, b.num_faces)
+    # the same vertices: those on grid edges bit for bit, cell-centre vertices to float32 rounding
+    dist, match = cKDTree(b.vertices.astype(np.float64)).query(a.vertices.astype(np.float64))
+    assert float(dist.max()) <= 1e-5 * one.plan.grid.spacing
+    assert np.unique(match).size == a.num_vertices
+    assert _canonical_faces(match[a.faces]) == _canonical_faces(b.faces)
+    assert _border_edges(b.faces) == _border_edges(a.faces) == 0  # closed spheres: no crack at the seams
+    assert len(_canonical_faces(np.sort(b.faces, axis=1))) == b.num_faces  # no doubled face
+    assert many.stats["tiles_with_gaussians"] >= 2
+
+
+def test_scene_keeps_every_object(scene):
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    _, results = scene
+    mesh = results[8].mesh
+    f = mesh.faces
+    graph = coo_matrix(
+        (np.ones(2 * len(f)), (f[:, :2].ravel(), f[:, 1:].ravel())), shape=(mesh.num_vertices,) * 2
+    )
+    n, _ = connected_components(graph, directed=False)
+    assert n == len(SCENE)
+    lo, hi = mesh.vertices.min(0), mesh.vertices.max(0)
+    centres = np.asarray(SCENE)
+    assert np.allclose(lo, centres.min(0) - 0.3, atol=0.05) and np.allclose(
+        hi, centres.max(0) + 0.3, atol=0.05
+    )
+
+
+def test_peak_grid_memory_follows_the_tile():
+    """The per-tile grid arrays (counted by the MemoryCounter hook) depend on the tile, not the scene."""
+    config = MeshConfig(threshold=0.2)
+    small = spheres([(0.0, 0.0, 0.0), (1.0, 0.0, 0.0)])
+    large = spheres([(x, 0.0, z) for x in (0.0, 1.0, 2.0, 3.0) for z in (0.0, 1.0, 2.0)])
+    peaks = {}
+    for name, splat in (("small", small), ("large", large)):
+        plan = plan_scene(splat, FieldConfig(), tile=24)
+        peaks[name] = scene_to_mesh(splat, FieldConfig(), config, plan=plan)
+        assert peaks[name].stats["tiles_with_gaussians"] > 1
+    tile_bytes = 25**3 * 4  # one (tile + 1)^3 float32 field
+    for r in peaks.values():
+        assert r.memory.current == 0
+        assert r.memory.largest <= (25 + 2) ** 3 * 4  # the padded copy of a border tile
+        assert r.memory.peak <= 2 * (25 + 2) ** 3 * 4
+    assert peaks["large"].memory.peak == peaks["small"].memory.peak
+    whole = scene_to_mesh(large, FieldConfig(), config, plan=plan_scene(large, FieldConfig(), tile=4096))
+    assert whole.memory.peak > 20 * tile_bytes  # one tile over the whole scene: the scene's grid
+    assert peaks["large"].mesh.num_faces == whole.mesh.num_faces
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_resumed_run_writes_the_same_file(tmp_path):
+    from microdreamer.mesh import save_mesh
+
+    splat = spheres(SCENE[:4])
+    plan = plan_scene(splat, FieldConfig(), tile=20)
+    config = MeshConfig(threshold="auto")
+    full = scene_to_mesh(splat, FieldConfig(), config, plan=plan, colors=True)
+    save_mesh(full.mesh, tmp_path / "full.glb")
+
+    done = []
+
+    def stop_after_three(message: str) -> None:
+        if message.startswith("tile "):
+            done.append(message)
+            if len(done) == 3:
+                raise _Stop
+
+    work = tmp_path / "work"
+    with pytest.raises(_Stop):
+        scene_to_mesh(splat, FieldConfig(), config, plan=retile(plan, 20), colors=True, work_dir=work,
+                      progress=stop_after_three)  # fmt: skip
+    assert len(list(work.glob("tile_*.npz"))) == 3
+    resumed = scene_to_mesh(splat, FieldConfig(), config, plan=retile(plan, 20), colors=True, work_dir=work)
+    assert resumed.stats["tiles_resumed"] == 3
+    save_mesh(resumed.mesh, tmp_path / "resumed.glb")
+    assert (tmp_path / "resumed.glb").read_bytes() == (tmp_path / "full.glb").read_bytes()
+    # other settings: the kept tiles are not reused
+    other = scene_to_mesh(
+        splat, FieldConfig(), MeshConfig(threshold=0.3), plan=retile(plan, 20), work_dir=work
+    )
+    assert other.stats["tiles_resumed"] == 0
+
+
+def test_mesh_command_in_tiles(tmp_path, capsys):
+    from microdreamer import cli
+    from microdreamer.mesh.load import load_textured_mesh
+    from microdreamer.splat import write_ply
+
+    write_ply(spheres(SCENE[:2]), tmp_path / "scene.ply")
+    out = tmp_path / "scene.glb"
+    cli.main(["mesh", str(tmp_path / "scene.ply"), "-o", str(out), "--tiles", "2"])
+    text = capsys.readouterr().out
+    assert "tiles of" in text
+    mesh = load_textured_mesh(out)
+    assert mesh.num_faces > 1000 and mesh.vertex_colors is not None
+    assert not (tmp_path / "scene.glb.tiles").exists()
