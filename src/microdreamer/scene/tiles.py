@@ -62,6 +62,11 @@ MARGIN_VOXELS = 4
 MAX_POINTS = 16384
 #: Gaussians prepared at once (float64 work arrays of about 300 bytes each)
 PREPARE_CHUNK = 1 << 20
+#: the vertex colours' grid takes every COLOUR_STRIDE-th grid point
+COLOUR_STRIDE = 2
+#: the auto iso level is chosen from every ISO_STRIDE-th column of each axis, both ways (the pooled IoU's
+#: statistic on a quarter of the columns: the alpha images cost a quarter)
+ISO_STRIDE = 2
 
 
 @dataclass(frozen=True)
@@ -345,6 +350,8 @@ def tile_mesh(
     tolerance: float,
     colors: bool = False,
     counter: MemoryCounter | None = None,
+    seconds: dict[str, float] | None = None,
+    values: np.ndarray | None = None,
 ) -> TilePiece:
     """Field, marching cubes and the merge candidates of tile ``t`` (see the module docstring).
 
@@ -352,10 +359,23 @@ def tile_mesh(
         level: the scene's iso level.
         tolerance: the merge tolerance (world units) the weld's cleanup will use, or an upper bound.
         colors: colour the vertices from the splat's colour field (the tile's Gaussians).
+        seconds: adds the seconds of ``"field"``, ``"marching"`` (marching cubes, the weld's ids, the merge
+            candidates) and ``"colour"``.
+        values: the tile's field when it was computed before (:func:`tile_field`), else computed here.
     """
     from microdreamer.mesh.marching import marching_cubes_on_grid
 
-    values = tile_field(plan, t, counter)
+    seconds = {} if seconds is None else seconds
+    start = time.perf_counter()
+    if values is None:
+        values = tile_field(plan, t, counter)
+        field_bytes = max(values.shape) ** 3 * 4
+    else:
+        field_bytes = values.nbytes
+        if counter is not None:
+            counter.add(field_bytes)
+    seconds["field"] = seconds.get("field", 0.0) + time.perf_counter() - start
+    start = time.perf_counter()
     bounds = plan.tile_points(t)
     lo = tuple(b[0] == 0 for b in bounds)
     hi = tuple(b[1] == n - 1 for b, n in zip(bounds, plan.grid.shape, strict=True))
@@ -370,8 +390,9 @@ def tile_mesh(
     mesh, gv = marching_cubes_on_grid(padded, level, origin + h * shift, h, close_boundary=False)
     if counter is not None:
         counter.sub(padded.nbytes)
-        counter.sub(int(np.prod([max(b[1] - b[0] + 1 for b in bounds)] * 3)) * 4)
+        counter.sub(field_bytes)
     if mesh.is_empty:
+        seconds["marching"] = seconds.get("marching", 0.0) + time.perf_counter() - start
         return TilePiece.empty(colors)
     local = gv.coords.astype(np.float64)
     integral = local == np.floor(local)
@@ -403,31 +424,79 @@ def tile_mesh(
     if candidates is None:
         candidates = np.ones(mesh.num_vertices, bool)
     piece = TilePiece(vertices.astype(np.float32), mesh.faces.astype(np.int64), keys, candidates)
+    seconds["marching"] = seconds.get("marching", 0.0) + time.perf_counter() - start
     if colors:
-        piece.colors = _tile_colors(plan, t, piece.vertices)
+        start = time.perf_counter()
+        piece.colors = _tile_colors(plan, t, piece.vertices, counter)
+        seconds["colour"] = seconds.get("colour", 0.0) + time.perf_counter() - start
     return piece
 
 
-def _tile_colors(plan: ScenePlan, t: int, vertices: np.ndarray) -> np.ndarray:
-    """[V, 3] float32: the splat's colour field at the vertices, from the tile's Gaussians; where no
-    Gaussian reaches a vertex, the colour of the nearest Gaussian centre among them."""
-    from microdreamer.texture.field_bake import colour_field
+def _tile_colors(
+    plan: ScenePlan, t: int, vertices: np.ndarray, counter: MemoryCounter | None = None
+) -> np.ndarray:
+    """[V, 3] float32: the splat's colour field ``sum_i w_i c_i / sum_i w_i`` (``w_i`` the field's terms,
+    ``c_i`` the base colours) at the vertices, from the tile's Gaussians: the numerator's three channels
+    and the denominator scattered by the field kernel onto every :data:`COLOUR_STRIDE`-th grid point (a
+    coarser grid, 1 / 8 of the field's work per channel) and interpolated trilinearly, each separately.
+    Where no Gaussian reaches, the colour of the nearest Gaussian centre of the tile."""
+    from microdreamer.field.torch_impl import _Q_MAX
+    from microdreamer.kernels import cpu
 
     idx = plan.gaussians_of(t)
     if idx.numel() == 0:
         return np.full((vertices.shape[0], 3), 0.5, np.float32)
+    k = COLOUR_STRIDE
+    bounds = plan.tile_points(t)
+    start = torch.tensor([b[0] for b in bounds])
+    size = max(b[1] - b[0] + 1 for b in bounds)
+    side = (size - 1 + k - 1) // k + 2  # coarse points 0, k, 2k, ... past the tile's last point
     p = plan.prepared
-    sub = PreparedGaussians(p.means[idx], p.opacities[idx], p.transforms[idx], p.radii[idx])
-    origin = np.asarray(plan.grid.origin)
-    points = torch.from_numpy(((vertices.astype(np.float64) - origin) / plan.grid.spacing).astype(np.float32))
-    colour, weight = colour_field(points, sub, plan.colors[idx], plan.config.cutoff_sq)
-    colour = colour.float().numpy()
-    unseen = ~(weight.numpy() > 0)
-    if unseen.any():
+    box = plan.boxes[idx] - start[None, :, None]
+    box[..., 0] = torch.div(box[..., 0] + k - 1, k, rounding_mode="floor").clamp_min(0)
+    box[..., 1] = torch.div(box[..., 1], k, rounding_mode="floor")
+    means = p.means[idx].double() - start.double()
+    transforms = p.transforms[idx].double().contiguous()
+    axis = torch.arange(side, dtype=torch.float64) * k
+    limit = min(plan.config.cutoff_sq, _Q_MAX)
+    weights = [p.opacities[idx] * plan.colors[idx, c] for c in range(3)] + [p.opacities[idx]]
+    grids = []
+    for w in weights:
+        out = torch.zeros(side, side, side, dtype=torch.float32)
+        if counter is not None:
+            counter.add(out.numel() * 4)
+        cpu.field_scatter(means, transforms, w.contiguous(), box.contiguous(), axis, limit, out,
+                          workers=torch.get_num_threads())  # fmt: skip
+        grids.append(out.numpy())
+    u = ((vertices.astype(np.float64) - np.asarray(plan.grid.origin)) / plan.grid.spacing - start.numpy()) / k
+    u = np.clip(u, 0.0, side - 1.000001)
+    i0 = np.floor(u).astype(np.int64)
+    f = u - i0
+    acc = np.zeros((4, vertices.shape[0]), np.float64)
+    for dx in (0, 1):
+        for dy in (0, 1):
+            for dz in (0, 1):
+                wt = (
+                    (f[:, 0] if dx else 1 - f[:, 0])
+                    * (f[:, 1] if dy else 1 - f[:, 1])
+                    * (f[:, 2] if dz else 1 - f[:, 2])
+                )
+                ix, iy, iz = i0[:, 0] + dx, i0[:, 1] + dy, i0[:, 2] + dz
+                for c in range(4):
+                    acc[c] += wt * grids[c][ix, iy, iz]
+    if counter is not None:
+        counter.sub(4 * side**3 * 4)
+    del grids
+    denom = acc[3]
+    colour = np.zeros((vertices.shape[0], 3), np.float32)
+    seen = denom > 1e-12
+    colour[seen] = (acc[:3, seen] / denom[seen]).T
+    if not seen.all():
         from scipy.spatial import cKDTree
 
-        _, near = cKDTree(sub.means.numpy()).query(points.numpy()[unseen])
-        colour[unseen] = plan.colors[idx].numpy()[near]
+        local = (vertices[~seen].astype(np.float64) - np.asarray(plan.grid.origin)) / plan.grid.spacing
+        _, near = cKDTree(p.means[idx].numpy()).query(local)
+        colour[~seen] = plan.colors[idx].numpy()[near]
     return np.clip(colour, 0.0, 1.0).astype(np.float32)
 
 
@@ -498,18 +567,28 @@ class SceneResult:
     memory: MemoryCounter
 
 
-def _column_alphas(plan: ScenePlan, splat: Splat) -> list[torch.Tensor]:
-    """The splat's alpha along the grid's three axes at its columns ([shape without axis a] each)."""
-    from microdreamer.field.carve import projected_alpha
+def _column_alphas(plan: ScenePlan, splat: Splat, stride: int = ISO_STRIDE) -> list[torch.Tensor]:
+    """The splat's alpha along the grid's three axes at every ``stride``-th column both ways
+    ([ceil(n_b / stride), ceil(n_c / stride)] for axis a; the low-pass filter is the grid's, one grid
+    spacing a pixel, as :func:`~microdreamer.field.iso.column_alpha` has it)."""
+    from microdreamer.field.carve import DILATION, projected_alpha
 
     keep = splat.opacities().float() > plan.config.min_opacity
     raw, _ = _prepare_voxel_units(splat, keep, plan.grid, plan.config, 0.0)
     out = []
     for a in range(3):
         basis = torch.eye(3, dtype=torch.float64)[[b for b in range(3) if b != a]]
-        size = tuple(plan.grid.shape[b] for b in range(3) if b != a)
-        out.append(projected_alpha(raw, basis, (0.0, 0.0), size, 1.0, dtype=torch.float32))
+        size = tuple(-(-plan.grid.shape[b] // stride) for b in range(3) if b != a)
+        out.append(projected_alpha(raw, basis, (0.0, 0.0), size, float(stride), DILATION / stride**2,
+                                   dtype=torch.float32))  # fmt: skip
     return out
+
+
+def _peak_rss_gib() -> float:
+    """This process's peak resident memory so far, GiB (Linux: ru_maxrss in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
 
 
 def _signature(plan: ScenePlan, splat: Splat, threshold, mesh_config: MeshConfig, colors: bool) -> str:
@@ -580,6 +659,7 @@ def scene_to_mesh(
         raise ValueError(f"no Gaussian has opacity above {field_config.min_opacity}; nothing to mesh")
     plan.gaussians_of(0)  # bin now, inside the plan's time
     seconds["plan"] = time.perf_counter() - start
+    rss = {"plan": _peak_rss_gib()}
     counter = MemoryCounter()
     g = plan.grid
     diag = g.spacing * math.sqrt(sum((s - 1) ** 2 for s in g.shape))
@@ -597,7 +677,7 @@ def scene_to_mesh(
         if state_path.exists():
             state = json.loads(state_path.read_text())
             if state.get("signature") != signature:
-                for old in work.glob("tile_*.npz"):
+                for old in [*work.glob("tile_*.npz"), *work.glob("field_*.npy")]:
                     old.unlink()
                 state = {}
         state["signature"] = signature
@@ -610,7 +690,11 @@ def scene_to_mesh(
     else:  # first pass: the column maxima of the field, tile by tile
         maxima = [np.zeros([g.shape[b] for b in range(3) if b != a], np.float32) for a in range(3)]
         for n, t in enumerate(occupied):
+            t1 = time.perf_counter()
             values = tile_field(plan, t, counter)
+            if work is not None:  # kept for the second pass
+                np.save(work / f"field_{t}.npy", values)
+            seconds["iso_field"] = seconds.get("iso_field", 0.0) + time.perf_counter() - t1
             first = [b[0] for b in plan.tile_points(t)]
             for a in range(3):  # the column maxima of the tile's points, across axis a
                 sl = tuple(slice(first[b], first[b] + values.shape[b]) for b in range(3) if b != a)
@@ -618,10 +702,14 @@ def scene_to_mesh(
             counter.sub(max(values.shape) ** 3 * 4)
             del values
             say(f"iso-level pass: tile {n + 1}/{len(occupied)}")
+        t1 = time.perf_counter()
         alphas = _column_alphas(plan, splat)
-        iso = choose_iso_level([torch.from_numpy(m) for m in maxima], alphas)
+        seconds["iso_alpha"] = time.perf_counter() - t1
+        maxima = [torch.from_numpy(np.ascontiguousarray(m[::ISO_STRIDE, ::ISO_STRIDE])) for m in maxima]
+        iso = choose_iso_level(maxima, alphas)
         del maxima, alphas
-    seconds["iso"] = time.perf_counter() - t0
+    seconds["iso"] = time.perf_counter() - t0 - seconds.get("iso_field", 0.0) - seconds.get("iso_alpha", 0.0)
+    rss["iso"] = _peak_rss_gib()
     if work is not None:
         state.update(level=iso.level, iso_method=iso.method, iso_iou=iso.iou)
         tmp = work / "scene.json.tmp"
@@ -629,6 +717,7 @@ def scene_to_mesh(
         os.replace(tmp, work / "scene.json")
 
     t0 = time.perf_counter()
+    tile_seconds: dict[str, float] = {}
     pieces, resumed = [], 0
     for n, t in enumerate(occupied):
         path = work / f"tile_{t}.npz" if work is not None else None
@@ -636,12 +725,18 @@ def scene_to_mesh(
             pieces.append(_load_piece(path))
             resumed += 1
         else:
-            piece = tile_mesh(plan, t, iso.level, tolerance, colors, counter)
+            cached = work / f"field_{t}.npy" if work is not None else None
+            values = np.load(cached) if cached is not None and cached.exists() else None
+            piece = tile_mesh(plan, t, iso.level, tolerance, colors, counter, tile_seconds, values)
+            del values
             if path is not None:
                 _save_piece(path, piece)
+                cached.unlink(missing_ok=True)
             pieces.append(piece)
         say(f"tile {n + 1}/{len(occupied)}: {pieces[-1].faces.shape[0]:,} faces")
-    seconds["tiles"] = time.perf_counter() - t0
+    seconds.update(tile_seconds)
+    seconds["tiles_other"] = time.perf_counter() - t0 - sum(tile_seconds.values())  # loading, saving
+    rss["tiles"] = _peak_rss_gib()
 
     t0 = time.perf_counter()
     welded, candidates = weld_pieces(pieces)
@@ -658,6 +753,7 @@ def scene_to_mesh(
     if mesh_config.decimate_target is not None and not mesh.is_empty:
         mesh = decimate(mesh, mesh_config.decimate_target)
     seconds["cleanup"] = time.perf_counter() - t0
+    rss["cleanup"] = _peak_rss_gib()
     stats = {
         "tiles": plan.num_tiles,
         "tiles_with_gaussians": len(occupied),
@@ -672,5 +768,6 @@ def scene_to_mesh(
         "voxel": g.spacing,
         "tile_cells": plan.tile,
         "seconds": seconds,
+        "peak_rss_GiB_after": rss,
     }
     return SceneResult(mesh, plan, iso.level, iso.method, iso.iou, stats, counter)

@@ -1,0 +1,143 @@
+"""Scene-scale splats: `microdreamer mesh --tiles auto` against the dense path on scenes built from the
+shared guitar capture (copies on a grid on the ground, each moved and turned by a seeded jitter).
+
+    python benchmarks/bench_scene.py [--gaussians 1000000] [--modes tiles,dense]
+                                     [--texture field] [--keep DIR] [--out PATH]
+
+Each run is the console command in a child process (start-up, reading and writing included); its peak
+resident memory is the child's own (``os.wait4``'s rusage), its stage seconds the ones it prints. Writes
+benchmarks/results/scene_<gaussians>.json with the command and the hardware. Never run a setting expected
+above ~8 GB resident on a shared machine (the dense path reached 20 GB at 4M).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import save_result  # benchmarks/ is on sys.path when run as a script
+
+ROOT = Path(__file__).resolve().parents[1]
+GUITAR = ROOT.parent / "shared" / "samples" / "splats" / "pc_guitar_91k_sh0.decoded.ply"
+if not GUITAR.exists():
+    GUITAR = Path("/work/shared/samples/splats/pc_guitar_91k_sh0.decoded.ply")
+
+
+def build_scene(path: Path, gaussians: int, seed: int = 0, gap: float = 1.3) -> dict:
+    """Write ceil(gaussians / 91k) copies of the guitar to ``path``: on a square grid in the x-z plane
+    (the guitar stands along y), ``gap`` times its larger footprint side apart, each turned about y by a
+    seeded random angle and moved by up to 10 % of the spacing. Returns what was built."""
+    import torch
+
+    from microdreamer.splat import Splat, read_splat, write_ply
+
+    guitar = read_splat(GUITAR)
+    copies = max(1, math.ceil(gaussians / len(guitar)))
+    keep = guitar.opacities() > 0.005
+    lo, hi = guitar.means[keep].amin(0), guitar.means[keep].amax(0)
+    centre = (lo + hi) / 2
+    step = gap * float(max(hi[0] - lo[0], hi[2] - lo[2]))
+    side = math.ceil(math.sqrt(copies))
+    g = torch.Generator().manual_seed(seed)
+    parts = []
+    for c in range(copies):
+        angle = float(torch.rand(1, generator=g)) * 2 * math.pi
+        jitter = (torch.rand(2, generator=g) - 0.5) * 0.2 * step
+        ca, sa = math.cos(angle), math.sin(angle)
+        rot = torch.tensor([[ca, 0.0, sa], [0.0, 1.0, 0.0], [-sa, 0.0, ca]], dtype=torch.float64)
+        where = torch.tensor(
+            [(c % side) * step + float(jitter[0]), 0.0, (c // side) * step + float(jitter[1])]
+        )
+        moved = guitar.transformed(rot, translation=where.double() - rot @ centre.double())
+        parts.append(moved.tensors())
+    scene = Splat(**{k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+    write_ply(scene, path)
+    return {"copies": copies, "gaussians": len(scene), "grid_side": side, "spacing": round(step, 4)}
+
+
+def run(cmd: list[str]) -> dict:
+    """The command's wall seconds, its own peak RSS (GiB), its stdout and its stage seconds."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    # communicate() reaped the child: its rusage is what RUSAGE_CHILDREN gained, read per run below
+    if proc.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    m = re.search(r"seconds: (.*)", out)
+    stages = {k: float(v) for k, v in (kv.split() for kv in m.group(1).split(", "))} if m else {}
+    faces = re.search(r"mesh: (\d+) vertices, (\d+) faces", out)
+    return {
+        "wall_seconds": round(wall, 1),
+        "stage_seconds": stages,
+        "vertices": int(faces.group(1)) if faces else None,
+        "faces": int(faces.group(2)) if faces else None,
+        "stdout": out.strip().splitlines(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gaussians", type=int, default=1_000_000)
+    ap.add_argument("--modes", default="tiles,dense", help="comma-separated: tiles, dense")
+    ap.add_argument("--texture", default="field", help="the mesh command's --texture (tiles: vertex colours)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the scene, meshes and logs in this folder")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    import tempfile
+
+    out_json = args.out or ROOT / "benchmarks" / "results" / f"scene_{args.gaussians // 1000}k.json"
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        ply = work / f"scene_{args.gaussians}.ply"
+        t = time.perf_counter()
+        built = build_scene(ply, args.gaussians)
+        built["build_seconds"] = round(time.perf_counter() - t, 1)
+        for mode in args.modes.split(","):
+            extra = ["--tiles", "auto"] if mode == "tiles" else []
+            cmd = [sys.executable, "-m", "microdreamer.cli", "mesh", str(ply), "-o", str(work / f"{mode}.glb"),
+                   "--texture", args.texture, *extra]  # fmt: skip
+            # a child of its own per run, so that RUSAGE_CHILDREN's maximum is this run's
+            probe = [sys.executable, "-c", _PROBE, *cmd]
+            result = run(probe)
+            peak = [s for s in result["stdout"] if s.startswith("PEAK_RSS_KIB ")]
+            result["stdout"] = [s for s in result["stdout"] if not s.startswith("PEAK_RSS_KIB ")]
+            result["peak_rss_GiB"] = round(int(peak[-1].split()[1]) / 2**20, 3) if peak else None
+            result["command"] = " ".join(["microdreamer", *cmd[3:]]).replace(str(work), "WORK")
+            runs[mode] = result
+            print(f"{mode}: wall {result['wall_seconds']} s, peak RSS {result['peak_rss_GiB']} GiB, "
+                  f"{result['faces']} faces")  # fmt: skip
+    save_result(out_json, {
+        "benchmark": "microdreamer mesh on a scene of guitar copies: tiled against dense, one child process each",
+        "scene": built,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "runs": runs,
+    })  # fmt: skip
+    stages = sorted({k for r in runs.values() for k in r["stage_seconds"]})
+    print(f"\n{'stage':<14}" + "".join(f"{m:>12}" for m in runs))
+    for k in stages:
+        print(f"{k:<14}" + "".join(f"{r['stage_seconds'].get(k, float('nan')):12.1f}" for r in runs.values()))
+    for key in ("wall_seconds", "peak_rss_GiB", "faces"):
+        print(f"{key:<14}" + "".join(f"{r[key]!s:>12}" for r in runs.values()))
+    print(f"-> {out_json}")
+
+
+#: runs argv[1:] and prints its own children's peak resident memory last
+_PROBE = (
+    "import resource, subprocess, sys\n"
+    "rc = subprocess.call(sys.argv[1:])\n"
+    "print('PEAK_RSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)\n"
+    "sys.exit(rc)\n"
+)
+
+if __name__ == "__main__":
+    main()
