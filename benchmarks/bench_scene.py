@@ -5,7 +5,9 @@ shared guitar capture (copies on a grid on the ground, each moved and turned by 
                                      [--texture field] [--keep DIR] [--out PATH]
 
 Each run is the console command in a child process (start-up, reading and writing included); its peak
-resident memory is the child's own (``os.wait4``'s rusage), its stage seconds the ones it prints. Writes
+resident memory is the child's own (``os.wait4``'s rusage), its stage seconds the ones it prints; a run
+whose resident memory passes ``--max-rss`` GiB is killed and recorded as such. The dense run is untextured
+by default (``--dense-texture``). Writes
 benchmarks/results/scene_<gaussians>.json with the command and the hardware. Never run a setting expected
 above ~8 GB resident on a shared machine (the dense path reached 20 GB at 4M).
 """
@@ -61,21 +63,52 @@ def build_scene(path: Path, gaussians: int, seed: int = 0, gap: float = 1.3) -> 
     return {"copies": copies, "gaussians": len(scene), "grid_side": side, "spacing": round(step, 4)}
 
 
-def run(cmd: list[str]) -> dict:
-    """The command's wall seconds, its own peak RSS (GiB), its stdout and its stage seconds."""
+def run(cmd: list[str], max_rss_gib: float) -> dict:
+    """The command's wall seconds, its own peak RSS (GiB, ``os.wait4``'s rusage of this child), its stdout
+    and its stage seconds. A watchdog kills it when its resident memory passes ``max_rss_gib``
+    (``killed_above_GiB`` is then set)."""
+    import threading
+
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    out, err = proc.communicate()
+    streams = {}
+    readers = [threading.Thread(target=lambda k, f: streams.__setitem__(k, f.read()), args=(k, f))
+               for k, f in (("out", proc.stdout), ("err", proc.stderr))]  # fmt: skip
+    for r in readers:
+        r.start()
+    killed = None
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        try:
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if (
+                    line.startswith("VmRSS:")
+                    and int(line.split()[1]) > max_rss_gib * 2**20
+                    and killed is None
+                ):
+                    proc.kill()
+                    killed = max_rss_gib
+        except OSError:
+            pass
+        time.sleep(0.2)
     wall = time.perf_counter() - start
-    # communicate() reaped the child: its rusage is what RUSAGE_CHILDREN gained, read per run below
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    for r in readers:
+        r.join()
+    out, err = streams.get("out", ""), streams.get("err", "")
+    result = {"wall_seconds": round(wall, 1), "peak_rss_GiB": round(usage.ru_maxrss / 2**20, 3)}
+    if killed is not None:
+        return {**result, "killed_above_GiB": killed, "log_tail": err.strip().splitlines()[-5:]}
     if proc.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
     m = re.search(r"seconds: (.*)", out)
     stages = {k: float(v) for k, v in (kv.split() for kv in m.group(1).split(", "))} if m else {}
     faces = re.search(r"mesh: (\d+) vertices, (\d+) faces", out)
     return {
-        "wall_seconds": round(wall, 1),
+        **result,
         "stage_seconds": stages,
         "vertices": int(faces.group(1)) if faces else None,
         "faces": int(faces.group(2)) if faces else None,
@@ -88,6 +121,10 @@ def main() -> None:
     ap.add_argument("--gaussians", type=int, default=1_000_000)
     ap.add_argument("--modes", default="tiles,dense", help="comma-separated: tiles, dense")
     ap.add_argument("--texture", default="field", help="the mesh command's --texture (tiles: vertex colours)")
+    ap.add_argument("--max-rss", type=float, default=7.5, help="kill a run above this many GiB resident")
+    ap.add_argument(
+        "--dense-texture", default="none", help="the dense run's --texture (its field bake held 15 GB at 1M)"
+    )
     ap.add_argument("--keep", type=Path, default=None, help="keep the scene, meshes and logs in this folder")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -105,17 +142,13 @@ def main() -> None:
         for mode in args.modes.split(","):
             extra = ["--tiles", "auto"] if mode == "tiles" else []
             cmd = [sys.executable, "-m", "microdreamer.cli", "mesh", str(ply), "-o", str(work / f"{mode}.glb"),
-                   "--texture", args.texture, *extra]  # fmt: skip
-            # a child of its own per run, so that RUSAGE_CHILDREN's maximum is this run's
-            probe = [sys.executable, "-c", _PROBE, *cmd]
-            result = run(probe)
-            peak = [s for s in result["stdout"] if s.startswith("PEAK_RSS_KIB ")]
-            result["stdout"] = [s for s in result["stdout"] if not s.startswith("PEAK_RSS_KIB ")]
-            result["peak_rss_GiB"] = round(int(peak[-1].split()[1]) / 2**20, 3) if peak else None
+                   "--texture", args.texture if mode == "tiles" else args.dense_texture, *extra]  # fmt: skip
+            result = run(cmd, args.max_rss)
             result["command"] = " ".join(["microdreamer", *cmd[3:]]).replace(str(work), "WORK")
             runs[mode] = result
             print(f"{mode}: wall {result['wall_seconds']} s, peak RSS {result['peak_rss_GiB']} GiB, "
-                  f"{result['faces']} faces")  # fmt: skip
+                  f"{result.get('faces')} faces" + (f" (killed above {result['killed_above_GiB']} GiB)"
+                                                    if "killed_above_GiB" in result else ""))  # fmt: skip
     save_result(out_json, {
         "benchmark": "microdreamer mesh on a scene of guitar copies: tiled against dense, one child process each",
         "scene": built,
@@ -125,19 +158,12 @@ def main() -> None:
     stages = sorted({k for r in runs.values() for k in r["stage_seconds"]})
     print(f"\n{'stage':<14}" + "".join(f"{m:>12}" for m in runs))
     for k in stages:
-        print(f"{k:<14}" + "".join(f"{r['stage_seconds'].get(k, float('nan')):12.1f}" for r in runs.values()))
+        print(f"{k:<14}" + "".join(f"{r.get('stage_seconds', {}).get(k, float('nan')):12.1f}"
+                                   for r in runs.values()))  # fmt: skip
     for key in ("wall_seconds", "peak_rss_GiB", "faces"):
-        print(f"{key:<14}" + "".join(f"{r[key]!s:>12}" for r in runs.values()))
+        print(f"{key:<14}" + "".join(f"{r.get(key)!s:>12}" for r in runs.values()))
     print(f"-> {out_json}")
 
-
-#: runs argv[1:] and prints its own children's peak resident memory last
-_PROBE = (
-    "import resource, subprocess, sys\n"
-    "rc = subprocess.call(sys.argv[1:])\n"
-    "print('PEAK_RSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)\n"
-    "sys.exit(rc)\n"
-)
 
 if __name__ == "__main__":
     main()

@@ -878,6 +878,7 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
         grid_note = (f" in {st['tiles_with_gaussians']} tiles of {st['tile_cells']}^3 cells, voxel {st['voxel']:.4g}"
                      + (f" ({st['tiles_resumed']} resumed)" if st["tiles_resumed"] else ""))  # fmt: skip
         print(f"grid: {shape}{grid_note}; iso-level {conv.iso_level:.3g}{iso_note}")
+        print("peak RSS (GiB) after: " + ", ".join(f"{k} {v:.2f}" for k, v in st["peak_rss_GiB_after"].items()))
     else:
         print(f"grid: {conv.resolution}^3{grid_note}, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}; "
           f"iso-level {conv.iso_level:.3g}{iso_note}"
