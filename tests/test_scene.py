@@ -173,3 +173,25 @@ def test_mesh_command_in_tiles(tmp_path, capsys):
     mesh = load_textured_mesh(out)
     assert mesh.num_faces > 1000 and mesh.vertex_colors is not None
     assert not (tmp_path / "scene.glb.tiles").exists()
+
+
+def test_chunks_of_gaussians_change_nothing(monkeypatch):
+    """The plan's preparation, binning and the iso level's alpha images, taken a few Gaussians at a time."""
+    from microdreamer.scene import tiles
+
+    splat = spheres(SCENE[:2], n=600)
+    config = MeshConfig(threshold="auto")
+    whole = scene_to_mesh(splat, FieldConfig(), config, tile=16)
+    monkeypatch.setattr(tiles, "PREPARE_CHUNK", 97)
+    chunked = scene_to_mesh(splat, FieldConfig(), config, tile=16)
+    assert torch.equal(chunked.plan.prepared.means, whole.plan.prepared.means)
+    assert torch.equal(chunked.plan.boxes, whole.plan.boxes)
+    for t in range(whole.plan.num_tiles):
+        assert torch.equal(chunked.plan.gaussians_of(t), whole.plan.gaussians_of(t))
+    a = tiles._column_alphas(whole.plan, splat)
+    monkeypatch.setattr(tiles, "PREPARE_CHUNK", 1 << 20)
+    b = tiles._column_alphas(whole.plan, splat)
+    for x, y in zip(a, b, strict=True):
+        assert torch.allclose(x, y, atol=1e-6)  # float32 alphas of each chunk, combined in float64
+    assert chunked.level == whole.level
+    assert np.array_equal(chunked.mesh.faces, whole.mesh.faces)

@@ -128,28 +128,39 @@ class ScenePlan:
         return self._order[int(self._starts[t]) : int(self._starts[t + 1])]
 
     def _bin(self) -> None:
-        """(Gaussian, tile) pairs sorted by tile, Gaussians in order within a tile."""
-        lo, hi = self.boxes[..., 0], self.boxes[..., 1]
+        """(Gaussian, tile) pairs sorted by tile, Gaussians in order within a tile (in chunks of
+        :data:`PREPARE_CHUNK` Gaussians; int32 ids)."""
         n_t = torch.tensor(self.tiles)
-        valid = (hi >= lo).all(-1)
-        # point p lies in tiles ceil(p / T) - 1 .. floor(p / T): a box [lo, hi] touches those from
-        # ceil(lo / T) - 1 to floor(hi / T)
-        t0 = (torch.div(lo + self.tile - 1, self.tile, rounding_mode="floor") - 1).clamp_min(0)
-        t1 = torch.minimum(torch.div(hi, self.tile, rounding_mode="floor"), n_t - 1)
-        t0, t1 = t0[valid], t1[valid]
-        gid = torch.nonzero(valid).flatten()
-        ext = (t1 - t0 + 1).clamp_min(0)
-        count = ext.prod(-1)
-        rep = torch.repeat_interleave(torch.arange(gid.numel()), count)
-        offset = torch.arange(rep.numel()) - torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
-        e = ext[rep]
-        iz = offset % e[:, 2]
-        iy = (offset // e[:, 2]) % e[:, 1]
-        ix = offset // (e[:, 2] * e[:, 1])
-        tid = ((t0[rep, 0] + ix) * self.tiles[1] + (t0[rep, 1] + iy)) * self.tiles[2] + (t0[rep, 2] + iz)
+        gids, tids = [], []
+        for start in range(0, self.boxes.shape[0], PREPARE_CHUNK):
+            lo, hi = (
+                self.boxes[start : start + PREPARE_CHUNK, :, 0],
+                self.boxes[start : start + PREPARE_CHUNK, :, 1],
+            )
+            valid = (hi >= lo).all(-1)
+            # point p lies in tiles ceil(p / T) - 1 .. floor(p / T): a box [lo, hi] touches those from
+            # ceil(lo / T) - 1 to floor(hi / T)
+            t0 = (torch.div(lo + self.tile - 1, self.tile, rounding_mode="floor") - 1).clamp_min(0)[valid]
+            t1 = torch.minimum(torch.div(hi, self.tile, rounding_mode="floor"), n_t - 1)[valid]
+            gid = torch.nonzero(valid).flatten() + start
+            ext = (t1 - t0 + 1).clamp_min(0)
+            count = ext.prod(-1)
+            rep = torch.repeat_interleave(torch.arange(gid.numel()), count)
+            offset = torch.arange(rep.numel()) - torch.repeat_interleave(
+                torch.cumsum(count, 0) - count, count
+            )
+            e = ext[rep]
+            iz = offset % e[:, 2]
+            iy = (offset // e[:, 2]) % e[:, 1]
+            ix = offset // (e[:, 2] * e[:, 1])
+            tid = ((t0[rep, 0] + ix) * self.tiles[1] + (t0[rep, 1] + iy)) * self.tiles[2] + (t0[rep, 2] + iz)
+            gids.append(gid[rep].int())
+            tids.append(tid.int())
+        gid, tid = torch.cat(gids), torch.cat(tids)
+        del gids, tids
         order = torch.argsort(tid, stable=True)
-        self._order = gid[rep[order]]
-        self._starts = torch.searchsorted(tid[order], torch.arange(self.num_tiles + 1))
+        self._order = gid[order].long()
+        self._starts = torch.searchsorted(tid[order], torch.arange(self.num_tiles + 1, dtype=torch.int32))
 
 
 def _prepare_voxel_units(
@@ -570,18 +581,25 @@ class SceneResult:
 def _column_alphas(plan: ScenePlan, splat: Splat, stride: int = ISO_STRIDE) -> list[torch.Tensor]:
     """The splat's alpha along the grid's three axes at every ``stride``-th column both ways
     ([ceil(n_b / stride), ceil(n_c / stride)] for axis a; the low-pass filter is the grid's, one grid
-    spacing a pixel, as :func:`~microdreamer.field.iso.column_alpha` has it)."""
+    spacing a pixel, as :func:`~microdreamer.field.iso.column_alpha` has it). The Gaussians are taken
+    :data:`PREPARE_CHUNK` at a time (bounded memory): ``1 - alpha`` is the product of the chunks' own."""
     from microdreamer.field.carve import DILATION, projected_alpha
 
     keep = splat.opacities().float() > plan.config.min_opacity
-    raw, _ = _prepare_voxel_units(splat, keep, plan.grid, plan.config, 0.0)
-    out = []
-    for a in range(3):
-        basis = torch.eye(3, dtype=torch.float64)[[b for b in range(3) if b != a]]
-        size = tuple(-(-plan.grid.shape[b] // stride) for b in range(3) if b != a)
-        out.append(projected_alpha(raw, basis, (0.0, 0.0), size, float(stride), DILATION / stride**2,
-                                   dtype=torch.float32))  # fmt: skip
-    return out
+    index = torch.nonzero(keep).flatten()
+    sizes = [tuple(-(-plan.grid.shape[b] // stride) for b in range(3) if b != a) for a in range(3)]
+    log_t = [torch.zeros(size, dtype=torch.float64) for size in sizes]
+    for start in range(0, index.numel(), PREPARE_CHUNK):
+        chunk = torch.zeros_like(keep)
+        chunk[index[start : start + PREPARE_CHUNK]] = True
+        raw, _ = _prepare_voxel_units(splat, chunk, plan.grid, plan.config, 0.0)
+        for a in range(3):
+            basis = torch.eye(3, dtype=torch.float64)[[b for b in range(3) if b != a]]
+            alpha = projected_alpha(raw, basis, (0.0, 0.0), sizes[a], float(stride), DILATION / stride**2,
+                                    dtype=torch.float32)  # fmt: skip
+            log_t[a] += torch.log1p(-alpha.double())
+        del raw
+    return [(-torch.expm1(t)).float() for t in log_t]
 
 
 def _peak_rss_gib() -> float:
