@@ -22,9 +22,11 @@ given its global edge id and its position is recomputed from the edge's two samp
 tiles make of a border vertex are the same vertex, merged by id (the weld): no crack, no doubled face.
 
 The iso level is one for the scene, chosen before any tile is meshed: a fixed ``--threshold``, or
-``auto`` as :func:`~microdreamer.field.iso.choose_iso_level` chooses it on the whole grid, from the
+``auto`` as :func:`~microdreamer.field.iso.choose_iso_level` chooses it for a dense grid, from the
 scene's column maxima (a first pass over the tiles, field only: the maximum along a column is the
-maximum of the tiles' maxima) and the splat's alpha along the grid's three axes; tiling changes neither.
+maximum of the tiles' maxima; with a work folder the fields are kept on disk for the second pass) and the
+splat's alpha along the grid's three axes, at every :data:`ISO_STRIDE`-th column both ways; tiling
+changes neither.
 
 Not (yet) done per tile: silhouette carving (its views look at one object from outside) and the UV
 texture; a tiled mesh is coloured per vertex from the splat's colour field, tile by tile.
@@ -613,7 +615,7 @@ def _signature(plan: ScenePlan, splat: Splat, threshold, mesh_config: MeshConfig
     """A digest of everything a tile's piece depends on (the resume check)."""
     h = hashlib.sha256()
     for t in (splat.means, splat.opacity_logits, splat.log_scales, splat.quats, splat.sh_dc):
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().numpy())  # the buffer itself, no copy
     h.update(json.dumps([plan.grid.origin, plan.grid.spacing, plan.grid.shape, plan.tile, repr(plan.config),
                          repr(threshold), mesh_config.merge_tolerance, colors]).encode())  # fmt: skip
     return h.hexdigest()[:16]
@@ -656,8 +658,9 @@ def scene_to_mesh(
             ``remove_cavities``, ``merge_tolerance``, ``decimate_target``; ``carve`` is not applied.
         tile, voxel, tiles_along_longest: the plan (:func:`plan_scene`).
         colors: vertex colours from the splat's colour field, tile by tile.
-        work_dir: a folder keeping each finished tile's piece (and the iso level); a rerun with the same
-            splat and settings loads them instead of computing them again (resume).
+        work_dir: a folder keeping the iso level, the first pass's tile fields until their tile is meshed,
+            and each finished tile's piece; a rerun with the same splat and settings loads them instead of
+            computing them again (resume). Without one, the second pass computes each field again.
         progress: called with a one-line message per tile.
         plan: a plan made before (the other plan arguments are then ignored).
 
