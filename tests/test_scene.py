@@ -195,3 +195,8 @@ def test_chunks_of_gaussians_change_nothing(monkeypatch):
         assert torch.allclose(x, y, atol=1e-6)  # float32 alphas of each chunk, combined in float64
     assert chunked.level == whole.level
     assert np.array_equal(chunked.mesh.faces, whole.mesh.faces)
+
+
+def test_a_voxel_too_small_for_the_scene_is_refused():
+    with pytest.raises(ValueError, match="use a voxel of"):
+        plan_scene(spheres(SCENE[:2], n=100), FieldConfig(), voxel=1e-5)

@@ -877,8 +877,10 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
         shape = "x".join(map(str, st["grid_shape"]))
         grid_note = (f" in {st['tiles_with_gaussians']} tiles of {st['tile_cells']}^3 cells, voxel {st['voxel']:.4g}"
                      + (f" ({st['tiles_resumed']} resumed)" if st["tiles_resumed"] else ""))  # fmt: skip
-        print(f"grid: {shape}{grid_note}; iso-level {conv.iso_level:.3g}{iso_note}")
-        print("peak RSS (GiB) after: " + ", ".join(f"{k} {v:.2f}" for k, v in st["peak_rss_GiB_after"].items()))
+        colour = "; coloured per vertex from the splat's colour field" if result.texture_stats else ""
+        print(f"grid: {shape}{grid_note}; iso-level {conv.iso_level:.3g}{iso_note}{colour}")
+        peaks = ", ".join(f"{k} {v:.2f}" for k, v in st["peak_rss_GiB_after"].items())
+        print(f"peak RSS (GiB) after: {peaks}")
     else:
         print(f"grid: {conv.resolution}^3{grid_note}, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}; "
           f"iso-level {conv.iso_level:.3g}{iso_note}"

@@ -238,6 +238,12 @@ def plan_scene(
         h = max(h, extent / (MAX_POINTS - 2 * MARGIN_VOXELS - 1), 1e-30)
     else:
         h = float(voxel)
+        if not (h > 0.0 and extent / h < MAX_POINTS):
+            raise ValueError(
+                f"voxel {voxel:g}: the grid would have {extent / h:.3g} points along its longest axis (the "
+                f"scene spans {extent:.4g}), more than {MAX_POINTS}; use a voxel of {extent / (MAX_POINTS - 64):.3g} "
+                "or more"
+            )
     margin = MARGIN_VOXELS * h + 3.0 * p99
     origin = lo - margin
     shape = tuple(int(v) for v in torch.ceil((hi + margin - origin) / h).long() + 1)
@@ -685,7 +691,7 @@ def scene_to_mesh(
     g = plan.grid
     diag = g.spacing * math.sqrt(sum((s - 1) ** 2 for s in g.shape))
     tolerance = float(mesh_config.merge_tolerance) * diag
-    occupied = [t for t in range(plan.num_tiles) if plan.gaussians_of(t).numel()]
+    occupied = torch.nonzero(plan._starts[1:] > plan._starts[:-1]).flatten().tolist()
     say(f"scene grid {g.shape[0]}x{g.shape[1]}x{g.shape[2]} points of {g.spacing:.4g}, "
         f"{plan.num_tiles} tiles of {plan.tile}^3 cells ({len(occupied)} with Gaussians)")  # fmt: skip
 
