@@ -200,3 +200,15 @@ def test_chunks_of_gaussians_change_nothing(monkeypatch):
 def test_a_voxel_too_small_for_the_scene_is_refused():
     with pytest.raises(ValueError, match="use a voxel of"):
         plan_scene(spheres(SCENE[:2], n=100), FieldConfig(), voxel=1e-5)
+
+
+def test_a_large_dense_export_names_tiles(tmp_path, monkeypatch):
+    from microdreamer.config import ExportConfig, TextureConfig
+    from microdreamer.jobs import scene as scene_job
+    from microdreamer.jobs.export import export_mesh
+
+    monkeypatch.setattr(scene_job, "SCENE_HINT_GAUSSIANS", 100)
+    said = []
+    config = ExportConfig(field=FieldConfig(resolution=32), texture=TextureConfig(mode="none"))
+    export_mesh(spheres(SCENE[:1], n=400), tmp_path / "a.glb", config, torch.device("cpu"), stage=said.append)
+    assert any("--tiles auto" in s for s in said)

@@ -441,6 +441,11 @@ def export_mesh(
         from microdreamer.jobs.scene import export_scene
 
         return export_scene(splat, path, config, device, timer=timer, name=name, stage=stage, up=up)
+    from microdreamer.jobs.scene import SCENE_HINT_GAUSSIANS
+
+    if len(splat) >= SCENE_HINT_GAUSSIANS:
+        say(f"{len(splat):,} Gaussians on one dense grid: for a scene, --tiles auto meshes it in tiles, in "
+            "memory that follows the tile")  # fmt: skip
     config = replace(config, field=resolve_resolution(splat, config.field))
     say(f"density field: {len(splat):,} Gaussians on a {config.field.resolution}^3 grid")
     conv = splat_to_mesh(
