@@ -31,13 +31,14 @@ if not GUITAR.exists():
     GUITAR = Path("/work/shared/samples/splats/pc_guitar_91k_sh0.decoded.ply")
 
 
-def build_scene(path: Path, gaussians: int, seed: int = 0, gap: float = 1.3) -> dict:
-    """Write ceil(gaussians / 91k) copies of the guitar to ``path``: on a square grid in the x-z plane
-    (the guitar stands along y), ``gap`` times its larger footprint side apart, each turned about y by a
-    seeded random angle and moved by up to 10 % of the spacing. Returns what was built."""
+def scene_splat(gaussians: int, seed: int = 0, gap: float = 1.3):
+    """ceil(gaussians / 91k) copies of the guitar on a square grid in the x-z plane (the guitar stands along
+    y), ``gap`` times its larger footprint side apart, each turned about y by a seeded random angle and moved
+    by up to 10 % of the spacing: ``(splat, [(rotation [3, 3] float64, translation [3] float64)] per copy,
+    info)``; copy k is ``guitar.transformed(rotation, translation=translation)``."""
     import torch
 
-    from microdreamer.splat import Splat, read_splat, write_ply
+    from microdreamer.splat import Splat, read_splat
 
     guitar = read_splat(GUITAR)
     copies = max(1, math.ceil(gaussians / len(guitar)))
@@ -47,7 +48,7 @@ def build_scene(path: Path, gaussians: int, seed: int = 0, gap: float = 1.3) -> 
     step = gap * float(max(hi[0] - lo[0], hi[2] - lo[2]))
     side = math.ceil(math.sqrt(copies))
     g = torch.Generator().manual_seed(seed)
-    parts = []
+    parts, transforms = [], []
     for c in range(copies):
         angle = float(torch.rand(1, generator=g)) * 2 * math.pi
         jitter = (torch.rand(2, generator=g) - 0.5) * 0.2 * step
@@ -56,11 +57,21 @@ def build_scene(path: Path, gaussians: int, seed: int = 0, gap: float = 1.3) -> 
         where = torch.tensor(
             [(c % side) * step + float(jitter[0]), 0.0, (c // side) * step + float(jitter[1])]
         )
-        moved = guitar.transformed(rot, translation=where.double() - rot @ centre.double())
-        parts.append(moved.tensors())
+        translation = where.double() - rot @ centre.double()
+        parts.append(guitar.transformed(rot, translation=translation).tensors())
+        transforms.append((rot, translation))
     scene = Splat(**{k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+    info = {"copies": copies, "gaussians": len(scene), "grid_side": side, "spacing": round(step, 4)}
+    return scene, transforms, info
+
+
+def build_scene(path: Path, gaussians: int, seed: int = 0, gap: float = 1.3) -> dict:
+    """Write :func:`scene_splat`'s scene to ``path``; returns what was built."""
+    from microdreamer.splat import write_ply
+
+    scene, _, info = scene_splat(gaussians, seed, gap)
     write_ply(scene, path)
-    return {"copies": copies, "gaussians": len(scene), "grid_side": side, "spacing": round(step, 4)}
+    return info
 
 
 def run(cmd: list[str], max_rss_gib: float) -> dict:
