@@ -40,8 +40,10 @@ def first_use(folder: Path) -> dict:
         "--device cuda (benchmarks/gpu_round.sh first-use)",
         "device": _device(log),
         "cli_wall_seconds": walls,
-        "compile_seconds": {"microdreamer_kernels": float(ours.group(1)) if ours else None,
-                            "gsplat": float(gs.group(1)) if gs else None},  # fmt: skip
+        "compile_seconds": {
+            "microdreamer_kernels": float(ours.group(1)) if ours else None,
+            "gsplat": float(gs.group(1)) if gs else None,
+        },  # fmt: skip
         "stage_seconds": {k: {s: float(v) for s, v in d.items()} for k, d in stages.items()},
         "cache": "$TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions/py<ver>_cu<ver>/ (gsplat_cuda 32 MB, "
         "microdreamer_kernels-<hash> 3.6 MB)",
