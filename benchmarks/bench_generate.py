@@ -2,7 +2,7 @@
 (the texture refined against the prior, on by default), timed per stage.
 
     python benchmarks/bench_generate.py [--random-weights full|tiny | --model PATH|REPO_ID]
-        [--image PATH] [--iters 20] [--repeats 3] [--via-disk DIR] [--json FILE] [--out DIR]
+        [--image PATH] [--iters 21] [--repeats 3] [--via-disk DIR] [--json FILE] [--out DIR]
         [--variants default,channels_last,...] [--variant-repeats 2] [--budget-s 300]
         [--profile-train]
 
@@ -281,7 +281,7 @@ def main() -> None:
         "--model", default=None, help="a real model (folder or cached repo id) instead of random weights"
     )
     ap.add_argument("--image", default=None, help="input image (default: a synthetic RGBA capsule)")
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=21)
     ap.add_argument("--size", type=int, default=None, help="image side (default 256; smaller for smoke runs)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of the first variant")
     ap.add_argument("--variants", default="default", help="comma-separated; tokens joined by '+'")

@@ -241,7 +241,8 @@ def test_console_script_exit_code(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'nope.ply'}: file not found; give the path of a 3DGS .ply splat"
+        f"error: {tmp_path / 'nope.ply'}: file not found; give the path of a splat (.ply, .spz, .sog, .splat, "
+        ".ksplat, .glb, .gltf)"
     ]
 
 
@@ -1050,7 +1051,7 @@ def test_issue20_directory_given_as_input(tmp_path, capsys):
 def test_issue20_nan_mesh_vertex(tmp_path, capsys):
     (tmp_path / "m.obj").write_text("v 0 0 0\nv 1 0 0\nv nan 1 0\nv 0 0 1\nf 1 2 3\nf 1 2 4\n")
     _fails_cleanly(tmp_path, capsys, ["render-views", tmp_path / "m.obj", "-o", tmp_path / "v", "--views", 4,
-                                      "--held-out", 1, "--size", 16], "NaN or infinite coordinates")  # fmt: skip
+                                      "--held-out", 1, "--size", 16], "vertices are not finite numbers")  # fmt: skip
 
 
 # progress under a pipe

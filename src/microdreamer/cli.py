@@ -630,7 +630,7 @@ def _sir_weights(cfg) -> tuple[list[float], int, int]:
 
 
 #: seconds of one guided (batch 12) call of the full-size Zero123 UNet at 256^2 in float32, measured on
-#: the 2-core development CPU (load ~3-4): 15.2 s (benchmarks/README.md, "generate on the CPU")
+#: the 2-core development CPU (load ~3-4): 15.2 s, one run with no result file kept (an estimate's scale)
 CPU_GUIDED_CALL_S = 15.0
 
 

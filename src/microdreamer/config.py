@@ -878,7 +878,7 @@ def _ddim(steps: int):
 @dataclass
 class MVDreamConfig(Config):
     """The MVDream prior (:mod:`microdreamer.priors.mvdream`): which model, and the SIR sampling settings;
-    where each value comes from: ``benchmarks/README.md`` (MVDream and ImageDream).
+    where each value comes from: ``benchmarks/NOTES_mvdream.md``.
 
     Attributes:
         model: a diffusers-format folder, or a Hugging Face repo id already in the local cache.

@@ -108,7 +108,8 @@ def _load() -> ModuleType:
         )
     from torch.utils import cpp_extension
 
-    logger.info("building the microdreamer CUDA kernels (once per source and GPU change) in %s", folder)
+    # said at warning level: the first run waits for it (about half a minute), once per source and GPU change
+    logger.warning("compiling the microdreamer CUDA kernels (first use: about 30 s, once) into %s", folder)
     folder.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     module = cpp_extension.load(
