@@ -212,3 +212,10 @@ def test_a_large_dense_export_names_tiles(tmp_path, monkeypatch):
     config = ExportConfig(field=FieldConfig(resolution=32), texture=TextureConfig(mode="none"))
     export_mesh(spheres(SCENE[:1], n=400), tmp_path / "a.glb", config, torch.device("cpu"), stage=said.append)
     assert any("--tiles auto" in s for s in said)
+
+
+def test_non_finite_gaussians_are_named():
+    splat = spheres(SCENE[:1], n=100)
+    splat.means[7, 1] = float("nan")
+    with pytest.raises(ValueError, match="#7"):
+        plan_scene(splat, FieldConfig())

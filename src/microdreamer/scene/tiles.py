@@ -221,6 +221,13 @@ def plan_scene(
     """
     if config.mode != "exact":
         raise ValueError("the tiled path computes the exact mode's field (--mode exact)")
+    finite = torch.ones(len(splat), dtype=torch.bool)
+    for t in (splat.means, splat.opacity_logits, splat.log_scales, splat.quats):
+        finite &= torch.isfinite(t.reshape(len(splat), -1)).all(-1)
+    if not bool(finite.all()):
+        bad = torch.nonzero(~finite).flatten()[:5].tolist()
+        raise ValueError(f"{int((~finite).sum())} Gaussians have non-finite parameters (NaN or inf: "
+                         f"{', '.join(f'#{i}' for i in bad)}); fix or drop them")  # fmt: skip
     with torch.no_grad():
         keep = splat.opacities().float() > config.min_opacity
         means = splat.means[keep].double()
