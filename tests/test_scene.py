@@ -153,6 +153,23 @@ def test_a_resumed_run_writes_the_same_file(tmp_path):
     assert resumed.stats["tiles_resumed"] == 3
     save_mesh(resumed.mesh, tmp_path / "resumed.glb")
     assert (tmp_path / "resumed.glb").read_bytes() == (tmp_path / "full.glb").read_bytes()
+    # interrupted in the iso level's first pass: its tile fields are reused
+    first = tmp_path / "first"
+    passes = []
+
+    def stop_in_the_first_pass(message: str) -> None:
+        if message.startswith("iso-level pass"):
+            passes.append(message)
+            if len(passes) == 2:
+                raise _Stop
+
+    with pytest.raises(_Stop):
+        scene_to_mesh(splat, FieldConfig(), config, plan=retile(plan, 20), colors=True, work_dir=first,
+                      progress=stop_in_the_first_pass)  # fmt: skip
+    again = scene_to_mesh(splat, FieldConfig(), config, plan=retile(plan, 20), colors=True, work_dir=first)
+    assert again.stats["fields_resumed"] == 2
+    save_mesh(again.mesh, tmp_path / "again.glb")
+    assert (tmp_path / "again.glb").read_bytes() == (tmp_path / "full.glb").read_bytes()
     # other settings: the kept tiles are not reused
     other = scene_to_mesh(
         splat, FieldConfig(), MeshConfig(threshold=0.3), plan=retile(plan, 20), work_dir=work

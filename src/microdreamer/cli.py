@@ -876,7 +876,8 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
         st = conv.mesh_stats
         shape = "x".join(map(str, st["grid_shape"]))
         grid_note = (f" in {st['tiles_with_gaussians']} tiles of {st['tile_cells']}^3 cells, voxel {st['voxel']:.4g}"
-                     + (f" ({st['tiles_resumed']} resumed)" if st["tiles_resumed"] else ""))  # fmt: skip
+                     + (f" (resumed: {st['tiles_resumed']} meshed tiles, {st['fields_resumed']} fields)"
+                        if st["tiles_resumed"] or st["fields_resumed"] else ""))  # fmt: skip
         colour = "; coloured per vertex from the splat's colour field" if result.texture_stats else ""
         print(f"grid: {shape}{grid_note}; iso-level {conv.iso_level:.3g}{iso_note}{colour}")
         peaks = ", ".join(f"{k} {v:.2f}" for k, v in st["peak_rss_GiB_after"].items())

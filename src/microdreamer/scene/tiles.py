@@ -634,6 +634,12 @@ def _signature(plan: ScenePlan, splat: Splat, threshold, mesh_config: MeshConfig
     return h.hexdigest()[:16]
 
 
+def _write_state(work: Path, state: dict) -> None:
+    tmp = work / "scene.json.tmp"
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, work / "scene.json")
+
+
 def _save_piece(path: Path, piece: TilePiece) -> None:
     tmp = path.with_name(path.name + ".tmp.npz")
     arrays = {k: getattr(piece, k) for k in ("vertices", "faces", "keys", "candidates")}
@@ -710,13 +716,14 @@ def scene_to_mesh(
         state_path = work / "scene.json"
         if state_path.exists():
             state = json.loads(state_path.read_text())
-            if state.get("signature") != signature:
-                for old in [*work.glob("tile_*.npz"), *work.glob("field_*.npy")]:
-                    old.unlink()
-                state = {}
-        state["signature"] = signature
+        if state.get("signature") != signature:  # another splat or other settings: start again
+            for old in [*work.glob("tile_*.npz"), *work.glob("field_*.npy")]:
+                old.unlink()
+            state = {"signature": signature}
+            _write_state(work, state)
 
     t0 = time.perf_counter()
+    fields_resumed = 0
     if mesh_config.threshold != "auto":
         iso = IsoLevel(float(mesh_config.threshold), "fixed")
     elif "level" in state:
@@ -725,9 +732,17 @@ def scene_to_mesh(
         maxima = [np.zeros([g.shape[b] for b in range(3) if b != a], np.float32) for a in range(3)]
         for n, t in enumerate(occupied):
             t1 = time.perf_counter()
-            values = tile_field(plan, t, counter)
-            if work is not None:  # kept for the second pass
-                np.save(work / f"field_{t}.npy", values)
+            cached = work / f"field_{t}.npy" if work is not None else None
+            if cached is not None and cached.exists():  # kept by an interrupted run
+                values = np.load(cached)
+                counter.add(max(values.shape) ** 3 * 4)
+                fields_resumed += 1
+            else:
+                values = tile_field(plan, t, counter)
+                if cached is not None:  # kept for the second pass
+                    with open(cached.with_name(cached.name + ".tmp"), "wb") as f:
+                        np.save(f, values)
+                    os.replace(cached.with_name(cached.name + ".tmp"), cached)
             seconds["iso_field"] = seconds.get("iso_field", 0.0) + time.perf_counter() - t1
             first = [b[0] for b in plan.tile_points(t)]
             for a in range(3):  # the column maxima of the tile's points, across axis a
@@ -746,9 +761,7 @@ def scene_to_mesh(
     rss["iso"] = _peak_rss_gib()
     if work is not None:
         state.update(level=iso.level, iso_method=iso.method, iso_iou=iso.iou)
-        tmp = work / "scene.json.tmp"
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, work / "scene.json")
+        _write_state(work, state)
 
     t0 = time.perf_counter()
     tile_seconds: dict[str, float] = {}
@@ -792,6 +805,7 @@ def scene_to_mesh(
         "tiles": plan.num_tiles,
         "tiles_with_gaussians": len(occupied),
         "tiles_resumed": resumed,
+        "fields_resumed": fields_resumed,
         "faces_marching_cubes": int(welded.num_faces),
         "faces_after_cleanup": int(cleanup.faces_out),
         "components_removed": cleanup.components_removed,
