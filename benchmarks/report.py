@@ -104,6 +104,18 @@ def _serve(name: str) -> str:
     return f"{_s(load(name)['median']['overhead_s'])} per request (median)"
 
 
+def _scene(name: str) -> str:
+    doc = load(name)
+    run = doc["runs"]["tiles"]
+    n = (
+        doc["scene"]["gaussians"]
+        if isinstance(doc.get("scene"), dict) and "gaussians" in doc["scene"]
+        else None
+    )
+    size = f"{n / 1e6:.1f}M Gaussians: " if n else ""
+    return f"{size}{_s(run['wall_seconds'])} wall, peak RSS {run['peak_rss_GiB']:.2f} GiB, {run['faces']:,} faces"
+
+
 def _fidelity(name: str) -> str:
     res = load(name)["results"]
     parts = [
@@ -143,6 +155,10 @@ HEADLINES = [
     Headline("first use on a GPU: CUDA compiles", "first_use_h100.json", lambda: _first_use("first_use_h100.json")),
     Headline("a GPU with no CUDA compiler (PyTorch paths)", "no_compiler_h100.json",
              lambda: _no_compiler("no_compiler_h100.json")),
+    Headline("`mesh --tiles auto`, a scene of guitar copies, 2-core CPU", "scene_4000k.json",
+             lambda: _scene("scene_4000k.json"), "3 min, 8 GB"),
+    Headline("`mesh --tiles auto`, a scene of guitar copies, 2-core CPU", "scene_10000k.json",
+             lambda: _scene("scene_10000k.json"), "12 GB"),
     Headline("`serve` overhead, mesh job of the ghost, 2-core CPU", "serve_cpu.json",
              lambda: _serve("serve_cpu.json"), "0.2 s"),
     Headline("mesh fidelity at the defaults: silhouette IoU / PSNR vs the splat (8 held-out views)",
