@@ -421,3 +421,57 @@ def test_samples_convert_and_read_back(tmp_path, sample):
         np.testing.assert_allclose(got.means.min(0), ref.means.min(0), atol=1e-3 * extent, err_msg=fmt)
         np.testing.assert_allclose(got.means.max(0), ref.means.max(0), atol=1e-3 * extent, err_msg=fmt)
         assert got.sh_degree == (0 if fmt == "splat" else ref.sh_degree), fmt
+
+
+# ------------------------------------------------------------------------------- fast paths, same values
+def test_axis_flip_fast_path_equals_the_general_map():
+    """transform_arrays' axis-flip path (float32 sign flips) gives the general path's values exactly (a
+    zero translation takes the general path: float64 matrix product, quaternion conjugation)."""
+    from microdreamer.formats.common import FLIP_LUF, FLIP_RUB, transform_arrays
+
+    a = random_splat(257, 3, seed=4)
+    for M in (FLIP_RUB, FLIP_LUF, np.diag([-1.0, 1.0, 1.0]), np.eye(3)):
+        fast, general = transform_arrays(a, M), transform_arrays(a, M, 1.0, np.zeros(3))
+        for field in ("means", "sh_dc", "sh_rest", "opacity_logits", "log_scales", "quats"):
+            assert getattr(fast, field).dtype == np.float32
+            np.testing.assert_array_equal(getattr(fast, field), getattr(general, field), err_msg=field)
+
+
+def test_ply_float32_fast_path_equals_the_column_path(tmp_path):
+    """A float32 PLY (gathered from an [N, P] view) and the same values stored as doubles (converted
+    column by column) read to the same arrays."""
+    from microdreamer.formats.ply import property_names
+
+    a = random_splat(301, 3, seed=5)
+    path = write_splat(a, tmp_path / "f32.ply")
+    names = property_names(3)
+    ours = read_splat_arrays(path)
+    header, _, body = path.read_bytes().partition(b"end_header\n")
+    table = np.frombuffer(body, np.dtype([(p, "<f4") for p in names]))
+    doubles = np.empty(len(table), np.dtype([(p, "<f8") for p in names]))
+    for p in names:
+        doubles[p] = table[p]
+    (tmp_path / "f64.ply").write_bytes(header.replace(b"property float ", b"property double ")
+                                       + b"end_header\n" + doubles.tobytes())  # fmt: skip
+    theirs = read_splat_arrays(tmp_path / "f64.ply")
+    for field in ("means", "sh_dc", "sh_rest", "opacity_logits", "log_scales", "quats"):
+        np.testing.assert_array_equal(getattr(ours, field), getattr(theirs, field), err_msg=field)
+        np.testing.assert_array_equal(getattr(ours, field), getattr(a, field), err_msg=field)
+
+
+def test_spz_sh_codes_in_float32_equal_the_float64_formula():
+    """The SPZ writer's in-place float32 SH quantisation gives the codes of the float64 formula (round to
+    1/128, offset 128, bucket of 8 for degree 1 and 16 above, clip), on values at every bucket edge and
+    far outside the range."""
+    from microdreamer.formats.spz import _quantize_sh
+
+    rng = np.random.default_rng(6)
+    edges = (np.arange(-160, 161) / 128.0)[:, None] + np.array([-1e-7, 0.0, 1e-7, 0.5 / 128, -0.5 / 128])
+    values = np.concatenate([edges.ravel(), rng.uniform(-3, 3, 4000), [1e30, -1e30, 3e38, -3e38, 0.0]])
+    sh = np.resize(values, (len(values) // 45 + 1) * 45).reshape(-1, 15, 3).astype(np.float32)
+    q8 = np.round(sh.astype(np.float64) * 128.0) + 128.0
+    bucket = np.full(15, 16.0)
+    bucket[:3] = 8.0
+    b = bucket[None, :, None]
+    want = np.clip(np.floor((q8 + b / 2) / b) * b, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(_quantize_sh(sh), want)

@@ -132,7 +132,7 @@ class _Buffers:
         return items[index]
 
     def buffer(self, index: int) -> bytes:
-        if index in self._cache:
+        if isinstance(index, int) and index in self._cache:
             return self._cache[index]
         buf = self._item("buffers", index)
         uri = buf.get("uri")
@@ -175,13 +175,19 @@ class _Buffers:
             or offset + length > len(data)
         ):
             raise InputError(f"{self.name}: bufferView {index} runs past its buffer; the file is truncated")
-        return data, offset, length, int(v.get("byteStride", 0) or 0)
+        stride = v.get("byteStride", 0) or 0
+        if not isinstance(stride, int) or stride < 0:
+            raise InputError(
+                f"{self.name}: bufferView {index} has byteStride {stride!r}; the file is corrupt"
+            )
+        return data, offset, length, stride
 
     def accessor(self, index: int, width: int | None = None) -> np.ndarray:
         """[count, width] float64 values of accessor ``index`` (normalised integers as fractions)."""
         acc = self._item("accessors", index)
         comp, kind, count = acc.get("componentType"), acc.get("type"), acc.get("count")
-        if comp not in _COMPONENTS or kind not in _WIDTH or not isinstance(count, int) or count < 0:
+        known = isinstance(comp, int) and comp in _COMPONENTS and isinstance(kind, str) and kind in _WIDTH
+        if not known or not isinstance(count, int) or count < 0:
             raise InputError(
                 f"{self.name}: accessor {index} has an unknown type ({comp!r}, {kind!r}, {count!r})"
             )
@@ -338,7 +344,8 @@ def _primitive(prim: dict, ext: dict, old: str | None, buffers: _Buffers, name: 
     color = None
     if "COLOR_0" in attrs:
         acc = buffers._item("accessors", attrs["COLOR_0"])
-        color = buffers.accessor(attrs["COLOR_0"], _WIDTH.get(acc.get("type"), 4))
+        kind = acc.get("type")
+        color = buffers.accessor(attrs["COLOR_0"], _WIDTH.get(kind, 4) if isinstance(kind, str) else 4)
     if dc is None:
         if color is None:
             raise InputError(f"{name}: a {EXT} primitive has neither SH_DEGREE_0_COEF_0 nor COLOR_0")

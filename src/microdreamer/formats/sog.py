@@ -51,6 +51,10 @@ _SQRT2 = math.sqrt(2.0)
 _OTHERS = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])
 _K1 = {0: 0, 1: 3, 2: 8, 3: 15}
 MAX_META_BYTES = 64 << 20
+#: what zipfile raises for a damaged archive: a bad name (a flipped UTF-8 flag), an unknown compression
+#: method, an encryption flag, a bad stream or size
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, UnicodeDecodeError, NotImplementedError,
+               RuntimeError, ValueError)  # fmt: skip
 
 
 def _loader(path: Path, name: str) -> tuple[dict, Callable[[str], bytes]]:
@@ -69,7 +73,7 @@ def _loader(path: Path, name: str) -> tuple[dict, Callable[[str], bytes]]:
     if head.startswith(b"PK"):
         try:
             archive = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, OSError) as e:
+        except _ZIP_ERRORS as e:
             raise InputError(f"{name}: not a readable .sog zip ({e}); export it again") from None
         members = {i.filename: i for i in archive.infolist()}
 
@@ -83,7 +87,7 @@ def _loader(path: Path, name: str) -> tuple[dict, Callable[[str], bytes]]:
                 raise InputError(f"{name}: {file!r} claims {info.file_size} bytes; the .sog is corrupt")
             try:
                 return archive.read(info)
-            except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as e:
+            except _ZIP_ERRORS as e:
                 raise InputError(
                     f"{name}: {file!r} cannot be read from the bundle ({e}); export it again"
                 ) from None
@@ -110,6 +114,10 @@ def _loader(path: Path, name: str) -> tuple[dict, Callable[[str], bytes]]:
     if not isinstance(meta, dict) or "means" not in meta:
         raise InputError(f"{name}: meta.json has no 'means'; not a SOG splat")
     return meta, load
+
+
+_QUAT_COMPONENT = (np.arange(256, dtype=np.float64) / 255.0 * 2.0 - 1.0) / _SQRT2  # float64, as built
+_OPACITY = logit(np.arange(256, dtype=np.float64) / 255.0)
 
 
 def _image(load: Callable[[str], bytes], file: str, name: str, count: int) -> np.ndarray:
@@ -173,26 +181,32 @@ def read(path: str | os.PathLike, progress=None) -> SplatArrays:
     lo = _image(load, _files(meta, "means", 2, name)[0], name, count)[:count]
     hi = _image(load, _files(meta, "means", 2, name)[1], name, count)[:count]
     mins, maxs = _floats(meta, "means", "mins", 3, name)[:3], _floats(meta, "means", "maxs", 3, name)[:3]
-    q16 = (lo[:, :3].astype(np.float64) + 256.0 * hi[:, :3]) / 65535.0
+    # every code is decoded through a table of its values (float64, rounded to float32 once: the values
+    # decoding each Gaussian in float64 gives), 65536 entries an axis for the 16-bit positions
+    q16 = np.arange(65536, dtype=np.float64)[:, None] / 65535.0
     v = mins + np.where(maxs - mins == 0, 1.0, maxs - mins) * q16
-    means = np.sign(v) * (np.exp(np.abs(v)) - 1.0)
-    qpix = _image(load, _files(meta, "quats", 1, name)[0], name, count)[:count].astype(np.float64)
+    with np.errstate(over="ignore"):  # beyond float32: inf, which finish() refuses naming the Gaussians
+        axis_values = (np.sign(v) * (np.exp(np.abs(v)) - 1.0)).astype(np.float32)  # [65536, 3]
+    code = lo[:, :3].astype(np.intp) | (hi[:, :3].astype(np.intp) << 8)
+    means = np.stack([axis_values[code[:, i], i] for i in range(3)], -1)
+    qpix = _image(load, _files(meta, "quats", 1, name)[0], name, count)[:count]
     tag = qpix[:, 3].astype(np.int64)
     valid = (tag >= 252) & (tag <= 255)
     largest = np.clip(tag - 252, 0, 3)
-    rest = (qpix[:, :3] / 255.0 * 2.0 - 1.0) / _SQRT2
+    rest = _QUAT_COMPONENT[qpix[:, :3]]
     quats = np.zeros((count, 4))
     np.put_along_axis(quats, _OTHERS[largest], rest, axis=1)
     quats[np.arange(count), largest] = np.sqrt(np.maximum(0.0, 1.0 - np.square(rest).sum(-1)))
     quats[~valid] = (1.0, 0.0, 0.0, 0.0)
+    quats = quats.astype(np.float32)
     spix = _image(load, _files(meta, "scales", 1, name)[0], name, count)[:count]
     cpix = _image(load, _files(meta, "sh0", 1, name)[0], name, count)[:count]
     if version == 2:
         scode = _floats(meta, "scales", "codebook", 256, name)
         ccode = _floats(meta, "sh0", "codebook", 256, name)
-        log_scales = scode[spix[:, :3]]
-        sh_dc = ccode[cpix[:, :3]]
-        opacity = logit(cpix[:, 3] / 255.0)
+        log_scales = scode.astype(np.float32)[spix[:, :3]]
+        sh_dc = ccode.astype(np.float32)[cpix[:, :3]]
+        opacity = _OPACITY[cpix[:, 3]]
     else:
         smin, smax = (
             _floats(meta, "scales", "mins", 3, name)[:3],
@@ -250,15 +264,14 @@ def _read_shn(meta: dict, load, name: str, count: int, version) -> np.ndarray:
     if cw != 64 * k1:
         raise InputError(f"{name}: {files[0]} is {cw} wide, expected {64 * k1} for {k1} SH coefficients")
     labels = _image(load, files[1], name, count)[:count]
-    label = labels[:, 0].astype(np.int64) | (labels[:, 1].astype(np.int64) << 8)
-    ok = label < min(palette, 64 * ch)
-    label = np.where(ok, label, 0)
-    cols = (label % 64)[:, None] * k1 + np.arange(k1)[None]  # [N, K-1]
-    rows = (label // 64)[:, None].repeat(k1, 1)
-    pix = centroids[rows, cols, :3]  # [N, K-1, 3]
-    sh = dequant(pix)
-    sh[~ok] = 0.0
-    return sh
+    label = labels[:, 0].astype(np.intp) | (labels[:, 1].astype(np.intp) << 8)
+    # the palette decoded once (entry e's coefficients are pixels 64 e .. 64 e + K-2 of the rows laid
+    # end to end), in float64 and rounded to float32 once, then gathered: the values of decoding each
+    # Gaussian's pixels; labels beyond the palette get the zero entry appended at its end
+    entries = min(palette, 64 * ch, 1 << 16)  # labels are 16 bits
+    table = np.zeros((entries + 1, k1, 3), np.float32)
+    table[:entries] = dequant(centroids[:, :, :3].reshape(ch * 64, k1, 3)[:entries])
+    return table[np.where(label < entries, label, entries)]
 
 
 # ----------------------------------------------------------------------------------------------- writing
