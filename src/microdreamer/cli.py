@@ -105,6 +105,7 @@ COMMANDS = (
             Flag("--texture-size", "texture.size"),
             Flag("--refine", "texture.refine.steps", "STEPS"),
             Flag("--up", "up"),
+            Flag("--crop", "crop", "BOX|auto"),
         ),
         batch=True,
     ),
@@ -177,6 +178,7 @@ COMMANDS = (
             Flag("--size", "size"),
             Flag("--elevation", "elevation_deg"),
             Flag("--up", "up"),
+            Flag("--crop", "crop", "BOX|auto"),
         ),
         preset=False,
     ),
@@ -311,6 +313,9 @@ EXTRA = {
                                   "EXT,..."),
     ("view", "--serve"): ({"action": "store_true", "help": "serve the folder on 127.0.0.1 and print its address "
                            "(Ctrl-C stops)"}, None),
+    ("view", "--crop"): ({"default": None, "metavar": "BOX|auto", "help": "crop splats to a box X0,Y0,Z0,X1,Y1,Z1 "
+                          "(their own coordinates) or auto: the main object of a scene (ground and far floaters "
+                          "out)"}, "BOX|auto"),
     ("view", "--port"): ({"type": _ranged(0, 65535, "a TCP port"), "default": 0, "metavar": "N", "help": "the server's port (default 0: a "
                           "free one)"}, "N"),
     ("profile", "--resolutions"): ({"default": "128,256,384,512,768,1024", "metavar": "R,R,...",
@@ -1073,7 +1078,7 @@ def cmd_render(args: argparse.Namespace) -> None:
         up, how = resolve_up(source, "auto")
         print(describe_up(up, how))
         cfg = dataclasses.replace(cfg, up=up)
-    out = render_turntable(source, args.output, cfg, device=device)
+    out = render_turntable(source, args.output, cfg, device=device, say=print)
     print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")
 
 
@@ -1125,7 +1130,11 @@ def cmd_view(args: argparse.Namespace) -> None:
     out = Path(args.output) if args.output else first.parent / f"{first.stem or first.name}_viewer"
     server = bind(out, port=args.port) if args.serve else None  # the port first: nothing built if it is taken
     try:
-        index = build_viewer([Path(p) for p in args.paths], out)
+        if args.crop:
+            from microdreamer.crop import parse_crop
+
+            parse_crop(args.crop)
+        index = build_viewer([Path(p) for p in args.paths], out, crop=args.crop, say=print)
     except BaseException:
         if server is not None:
             server.server_close()
