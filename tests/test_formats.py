@@ -475,3 +475,60 @@ def test_spz_sh_codes_in_float32_equal_the_float64_formula():
     b = bucket[None, :, None]
     want = np.clip(np.floor((q8 + b / 2) / b) * b, 0, 255).astype(np.uint8)
     np.testing.assert_array_equal(_quantize_sh(sh), want)
+
+
+# ------------------------------------------------------------------------------- mesh and splat in one GLB
+def _validator_issues(path: Path) -> list[dict]:
+    script = (f"const v=require({json.dumps(str(_validator()))});const fs=require('fs');"
+              f"v.validateBytes(new Uint8Array(fs.readFileSync({json.dumps(str(path))})))"
+              ".then(r=>console.log(JSON.stringify(r.issues.messages)))")  # fmt: skip
+    run = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+@pytest.mark.skipif(not SAMPLE_FILES, reason=f"no shared sample splats in {SAMPLES}")
+def test_mesh_with_splat_one_glb(tmp_path):
+    """``mesh --with-splat``: one GLB holding the textured mesh and every Gaussian (a POINTS primitive
+    with KHR_gaussian_splatting, as splat-transform lays it out) in the mesh's frame; our reader reads the
+    splat back; the validator finds no errors but the unsupported extension's (as for splat-transform's)."""
+    src = SAMPLES / "dg_creative_tmp_8.8k.ply"
+    run = _cli("mesh", str(src), "-o", "both.glb", "--with-splat", "--resolution", "64", "--texture-size", "256",
+               "--device", "cpu", cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    path = tmp_path / "both.glb"
+    raw = path.read_bytes()
+    (n,) = np.frombuffer(raw[12:16], "<u4")
+    doc = json.loads(raw[20 : 20 + n])
+    prims = [p for m in doc["meshes"] for p in m["primitives"]]
+    splats = [p for p in prims if "KHR_gaussian_splatting" in p.get("extensions", {})]
+    surfaces = [p for p in prims if p not in splats]
+    assert len(splats) == 1 and splats[0]["mode"] == 0 and len(surfaces) == 1
+    assert "TEXCOORD_0" in surfaces[0]["attributes"]
+    assert "baseColorTexture" in doc["materials"][surfaces[0]["material"]]["pbrMetallicRoughness"]
+    assert len(doc["scenes"][doc["scene"]]["nodes"]) == 2
+    ref, got = read_splat_arrays(src), read_splat_arrays(path)
+    assert len(got) == len(ref)  # every Gaussian
+    # the same frame as the mesh: the splat's glTF positions are the mesh's coordinates (--up +y: the
+    # splat's own), so reading them back through glTF's frame change (LUF -> the PLY's RDF) flips x and y
+    from microdreamer.formats.common import FLIP_LUF, transform_arrays
+
+    want = transform_arrays(ref, FLIP_LUF)  # in the file's order (the sample repeats some positions)
+    np.testing.assert_allclose(got.means, want.means, atol=1e-6)
+    np.testing.assert_allclose(got.log_scales, want.log_scales, atol=1e-5)
+    np.testing.assert_allclose(got.sh_rest, want.sh_rest, atol=1e-6)
+    np.testing.assert_allclose(sigmoid(got.opacity_logits), sigmoid(want.opacity_logits), atol=1e-6)
+    mesh_pos = doc["accessors"][surfaces[0]["attributes"]["POSITION"]]
+    splat_pos = doc["accessors"][splats[0]["attributes"]["POSITION"]]
+    assert all(lo >= s - 0.05 for lo, s in zip(mesh_pos["min"], splat_pos["min"], strict=True))
+    assert all(hi <= s + 0.05 for hi, s in zip(mesh_pos["max"], splat_pos["max"], strict=True))
+    if _validator() is not None:
+        unexpected = [
+            m for m in _validator_issues(path)
+            if m["severity"] == 0
+            and m["code"] != "UNSUPPORTED_EXTENSION"
+            and not (m["code"] == "MESH_PRIMITIVE_INVALID_ATTRIBUTE" and "KHR_gaussian_splatting:" in m["pointer"])
+        ]  # fmt: skip
+        assert unexpected == []
+    run = _cli("mesh", str(src), "-o", "both.obj", "--with-splat", "--device", "cpu", cwd=tmp_path)
+    assert run.returncode == 2 and "--with-splat" in run.stderr and not (tmp_path / "both.obj").exists()

@@ -296,6 +296,8 @@ EXTRA = {
     ("generate", "--random-weights"): ({"choices": list(config.RANDOM_WEIGHTS), "default": None,
                                         "help": "use a randomly initialised model (timing and plumbing "
                                                 "only: the output is noise)"}, "tiny|full"),
+    ("mesh", "--with-splat"): ({"action": "store_true", "help": "also write the splat into OUT.glb "
+                                "(KHR_gaussian_splatting, in the mesh's frame): splat viewers show it, others the mesh"}, None),
     ("mesh", "--profile"): ({"action": "store_true", "help": "also write OUT.profile.json and OUT.profile.png: "
                              "seconds per stage and each stage's Amdahl bound"}, None),
     ("reconstruct", "--profile"): ({"action": "store_true", "help": "also write profile.json and profile.png "
@@ -834,7 +836,7 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
 
         return _run_batch(args, MeshJob(cfg, args.device), sources, cfg)
     args.splat = sources[0]
-    cfg = job_config(args)  # checked before reading anything
+    cfg = dataclasses.replace(job_config(args), with_splat=args.with_splat)  # checked before reading anything
     out = _check_mesh_output(args, cfg)
     arrays, bad_input, read_s, started = _read_splat_before_torch(args.splat)
     t = time.perf_counter()

@@ -1117,6 +1117,9 @@ class ExportConfig(Config):
                       "splat has one clear ground layer (a floor or table), else +y", choices=UP_CHOICES)  # fmt: skip
 
     crop: str | None = setting(None, CROP_HELP)
+    with_splat: bool = setting(
+        False, "also write the splat into the .glb (KHR_gaussian_splatting), in the mesh's frame"
+    )
 
     def validate(self) -> None:
         self.choose("up", UP_CHOICES)

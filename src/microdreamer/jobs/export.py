@@ -440,6 +440,8 @@ def export_mesh(
 
     say = stage or (lambda message: None)
     timer = timer or StageTimer()
+    if config.with_splat and Path(path).suffix.lower() != ".glb":
+        raise InputError(f"{path}: --with-splat writes the splat into a .glb; name the output OUT.glb")
     up = config.up
     if up == "auto":
         from microdreamer.orient import describe_up, resolve_up
@@ -478,6 +480,15 @@ def export_mesh(
     say(f"writing {path}" + (f" ({what})" if what else ""))
     with timer.stage("export"):
         written = save_mesh(mesh, path)
+        if config.with_splat:  # the mesh's file with every Gaussian added, in the mesh's frame
+            from microdreamer.formats.common import FLIP_LUF, transform_arrays
+            from microdreamer.formats.gltf import add_splat
+            from microdreamer.io_utils import atomic_path
+
+            say(f"adding the splat's {len(splat):,} Gaussians to {path} (KHR_gaussian_splatting)")
+            glb = add_splat(written.read_bytes(), transform_arrays(splat.to_arrays(), FLIP_LUF), str(path))
+            with atomic_path(written) as tmp:
+                tmp.write_bytes(glb)
     return ExportResult(written, mesh, conv, texture_stats, up)
 
 
