@@ -49,6 +49,8 @@ from microdreamer.formats.common import (
 
 _SQRT2 = math.sqrt(2.0)
 _OTHERS = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])
+# [largest, component]: where each quaternion component sits in (the three stored, the largest)
+_FROM = np.array([[3 if c == big else list(_OTHERS[big]).index(c) for c in range(4)] for big in range(4)])
 _K1 = {0: 0, 1: 3, 2: 8, 3: 15}
 MAX_META_BYTES = 64 << 20
 #: what zipfile raises for a damaged archive: a bad name (a flipped UTF-8 flag), an unknown compression
@@ -193,12 +195,12 @@ def read(path: str | os.PathLike, progress=None) -> SplatArrays:
     tag = qpix[:, 3].astype(np.int64)
     valid = (tag >= 252) & (tag <= 255)
     largest = np.clip(tag - 252, 0, 3)
-    rest = _QUAT_COMPONENT[qpix[:, :3]]
-    quats = np.zeros((count, 4))
-    np.put_along_axis(quats, _OTHERS[largest], rest, axis=1)
-    quats[np.arange(count), largest] = np.sqrt(np.maximum(0.0, 1.0 - np.square(rest).sum(-1)))
+    parts = np.empty((count, 4))  # the three stored components, then the largest
+    parts[:, :3] = _QUAT_COMPONENT[qpix[:, :3]]
+    r = parts[:, :3]
+    parts[:, 3] = np.sqrt(np.maximum(0.0, 1.0 - (r[:, 0] * r[:, 0] + r[:, 1] * r[:, 1] + r[:, 2] * r[:, 2])))
+    quats = np.take_along_axis(parts, _FROM[largest], axis=1).astype(np.float32)
     quats[~valid] = (1.0, 0.0, 0.0, 0.0)
-    quats = quats.astype(np.float32)
     spix = _image(load, _files(meta, "scales", 1, name)[0], name, count)[:count]
     cpix = _image(load, _files(meta, "sh0", 1, name)[0], name, count)[:count]
     if version == 2:

@@ -230,10 +230,14 @@ _SH = _lut((_CODES - 128.0) / 128.0)
 _MAGNITUDE = np.arange(512, dtype=np.float64) / 511 * np.sqrt(0.5)
 _SMALLEST_THREE = np.concatenate([_MAGNITUDE, -_MAGNITUDE])  # float64: the quaternion is built in it
 _OTHERS = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])
+# [largest, w x y z]: where each component of the quaternion sits in (the three stored, the largest)
+_WXYZ_FROM = np.array(
+    [[3 if c == big else list(_OTHERS[big]).index(c) for c in (3, 0, 1, 2)] for big in range(4)]
+)
 
 
 def _sum_squares(v: np.ndarray) -> np.ndarray:
-    """[N] the sum of squares of the 3 columns of ``v`` [N, 3], added left to right (as ``sum(-1)``
+    """[N] the sum of squares of the first 3 columns of ``v`` [N, >= 3], added left to right (as ``sum(-1)``
     adds 3 values, without its slow reduction along short rows)."""
     return v[:, 0] * v[:, 0] + v[:, 1] * v[:, 1] + v[:, 2] * v[:, 2]
 
@@ -260,17 +264,16 @@ def _unpack(
     if version >= 3:
         comp = rotations.view("<u4")
         largest = (comp >> 30).astype(np.intp)
-        vals = np.empty((count, 3))
+        vals = np.empty((count, 4))  # the three stored components, then the largest
         for j in (2, 1, 0):  # the last of the three sits in the lowest bits: a sign bit, 9 of magnitude
             vals[:, j] = _SMALLEST_THREE[comp & 1023]
             comp = comp >> 10
-        xyzw = np.zeros((count, 4))
-        np.put_along_axis(xyzw, _OTHERS[largest], vals, axis=1)
-        xyzw[np.arange(count), largest] = np.sqrt(np.maximum(0.0, 1.0 - _sum_squares(vals)))
+        vals[:, 3] = np.sqrt(np.maximum(0.0, 1.0 - _sum_squares(vals)))
+        quats = np.take_along_axis(vals, _WXYZ_FROM[largest], axis=1).astype(np.float32)
     else:
         xyz = rotations.reshape(count, 3).astype(np.float64) / 127.5 - 1.0
         xyzw = np.concatenate([xyz, np.sqrt(np.maximum(0.0, 1.0 - _sum_squares(xyz)))[:, None]], -1)
-    quats = xyzw[:, [3, 0, 1, 2]].astype(np.float32)
+        quats = xyzw[:, [3, 0, 1, 2]].astype(np.float32)
     dim = _SH_DIM[degree]
     sh_rest = _SH[sh].reshape(count, dim, 3)
     arrays = finish(name, means, sh_dc, sh_rest, opacity, log_scales, quats)
