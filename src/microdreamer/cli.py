@@ -831,7 +831,7 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
         if Path(args.output).suffix.lower() in config.MESH_FORMATS and not folder_output:
             raise InputError(f"-o {args.output}: a batch writes one mesh per splat; give an output folder "
                              "(-o DIR/)")  # fmt: skip
-        cfg = job_config(args)
+        cfg = dataclasses.replace(job_config(args), with_splat=args.with_splat)
         from microdreamer.jobs.batch import MeshJob
 
         return _run_batch(args, MeshJob(cfg, args.device), sources, cfg)
