@@ -532,3 +532,23 @@ def test_mesh_with_splat_one_glb(tmp_path):
         assert unexpected == []
     run = _cli("mesh", str(src), "-o", "both.obj", "--with-splat", "--device", "cpu", cwd=tmp_path)
     assert run.returncode == 2 and "--with-splat" in run.stderr and not (tmp_path / "both.obj").exists()
+
+
+def test_sog_kmeans_with_a_centre_per_row_keeps_the_rows():
+    """With as many centres as sampled rows the SOG writer skips Lloyd's steps; they would change nothing
+    (every row is its own nearest centre, duplicates included): the centres are the rows, each row labelled
+    with a centre equal to it."""
+    from microdreamer.formats.sog import kmeans
+
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.normal(size=(300, 45)), np.repeat(rng.normal(size=(3, 45)), 4, 0)]).astype(
+        np.float32
+    )
+    for sample in (len(x), 100):
+        centres, labels = kmeans(x, len(x) if sample == len(x) else 100, sample=sample)
+        if sample == len(x):
+            np.testing.assert_array_equal(np.sort(centres, axis=0), np.sort(x, axis=0))
+            np.testing.assert_array_equal(centres[labels], x)
+        else:  # fewer centres than rows: Lloyd's steps run, every row labelled with its nearest centre
+            d = ((x[:, None] - centres[None]) ** 2).sum(-1)
+            np.testing.assert_allclose(d[np.arange(len(x)), labels], d.min(1), rtol=1e-4, atol=1e-4)

@@ -321,7 +321,9 @@ def kmeans(
     pts = pts.astype(np.float32)
     k = min(k, len(pts))
     centres = pts[rng.choice(len(pts), k, replace=False)].copy()
-    for _ in range(iterations):
+    # as many centres as sampled rows: every row is a centre and its own nearest, so Lloyd's steps would
+    # leave the centres as they are (a million-row SOG's 64k palette from a 64k sample): skipped
+    for _ in range(iterations if k < len(pts) else 0):
         lab = _nearest(pts, centres)
         counts = np.bincount(lab, minlength=k)
         sums = np.zeros_like(centres, dtype=np.float64)
