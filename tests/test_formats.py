@@ -552,3 +552,28 @@ def test_sog_kmeans_with_a_centre_per_row_keeps_the_rows():
         else:  # fewer centres than rows: Lloyd's steps run, every row labelled with its nearest centre
             d = ((x[:, None] - centres[None]) ** 2).sum(-1)
             np.testing.assert_allclose(d[np.arange(len(x)), labels], d.min(1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("structured", [True, False])
+def test_sog_grouped_labels_near_the_exact_ones(structured):
+    """Palettes above EXACT_LABELS centres label rows by a grouped search: its squared error stays within
+    20 % of the exact nearest centre's (on SH-like clustered rows, and on structureless uniform rows, the
+    worst case: measured 1.10 at 20k x 8k), and it finds the exact centre for most clustered rows."""
+    from microdreamer.formats.sog import EXACT_LABELS, _nearest, _nearest_grouped
+
+    rng = np.random.default_rng(9)
+    k = EXACT_LABELS + 500
+    if structured:
+        x = (rng.normal(size=(200, 45)) * 0.3)[rng.integers(0, 200, 12000)] + rng.normal(
+            size=(12000, 45)
+        ) * 0.03
+    else:
+        x = rng.uniform(-0.3, 0.3, (12000, 45))
+    x = x.astype(np.float32)
+    centres = x[rng.choice(len(x), k, replace=False)]
+    exact, grouped = _nearest(x, centres), _nearest_grouped(x, centres)
+    d_exact = ((x - centres[exact]) ** 2).sum(1).mean()
+    d_grouped = ((x - centres[grouped]) ** 2).sum(1).mean()
+    assert d_grouped <= 1.2 * d_exact, (d_grouped, d_exact)
+    if structured:
+        assert (exact == grouped).mean() > 0.8

@@ -330,7 +330,40 @@ def kmeans(
         np.add.at(sums, lab, pts)
         filled = counts > 0
         centres[filled] = (sums[filled] / counts[filled, None]).astype(np.float32)
-    return centres, _nearest(x, centres)
+    return centres, (
+        _nearest(x, centres) if len(centres) <= EXACT_LABELS else _nearest_grouped(x, centres, seed)
+    )
+
+
+#: palettes up to this many centres label every row with its exact nearest centre; larger ones search the
+#: centres of a few groups only (:func:`_nearest_grouped`)
+EXACT_LABELS = 4096
+
+
+def _nearest_grouped(x: np.ndarray, centres: np.ndarray, seed: int = 0, probes: int = 8) -> np.ndarray:
+    """[N] a near (not always the nearest) centre of ``centres`` [K, D] for each row of ``x`` [N, D]:
+    the centres are grouped by k-means into sqrt(K) groups; the rows nearest a group search the centres
+    of the ``probes`` groups nearest that group's mean. N K D work becomes about N (sqrt(K) + probes K /
+    sqrt(K)) D: for a million rows and a 64k palette, a fortieth. (The palette is lossy either way; the
+    test bounds the error against the exact search.)"""
+    k = len(centres)
+    groups = max(2, int(math.sqrt(k)))
+    means, member = kmeans(centres, groups, iterations=6, sample=k, seed=seed)
+    means = means.astype(np.float32)
+    near = np.argsort(((means[:, None] - means[None]) ** 2).sum(-1), axis=1)[:, :probes]  # [G, probes]
+    row_group = _nearest(x, means)
+    out = np.empty(len(x), np.int64)
+    order = np.argsort(member, kind="stable")
+    starts = np.searchsorted(member[order], np.arange(len(means) + 1))
+    for g in range(len(means)):
+        rows = np.flatnonzero(row_group == g)
+        if rows.size == 0:
+            continue
+        cand = np.concatenate([order[starts[h] : starts[h + 1]] for h in near[g]])
+        if cand.size == 0:  # groups without centres (an empty k-means cluster): every centre
+            cand = np.arange(k)
+        out[rows] = cand[_nearest(x[rows], centres[cand])]
+    return out
 
 
 def _webp(rgba: np.ndarray, width: int, height: int) -> bytes:
