@@ -14,6 +14,9 @@ property); every splat that loads must convert to a mesh or raise InputError.
 
 Images and meshes: see :func:`mutate_image` and :func:`mutate_mesh`; what loads must hold finite values
 in range (pixels in [0, 1], vertices finite with an extent, faces in range).
+
+Splat formats (SPZ v2-4, SOG, compressed PLY, .splat, .ksplat, GLB with and without SPZ compression; ours and
+splat-transform's): see :func:`mutate_format`; what reads must be a consistent, finite splat.
 """
 
 from __future__ import annotations
