@@ -14,6 +14,9 @@ property); every splat that loads must convert to a mesh or raise InputError.
 
 Images and meshes: see :func:`mutate_image` and :func:`mutate_mesh`; what loads must hold finite values
 in range (pixels in [0, 1], vertices finite with an extent, faces in range).
+
+Splat formats (SPZ v2-4, SOG, compressed PLY, .splat, .ksplat, GLB with and without SPZ compression; ours and
+splat-transform's): see :func:`mutate_format`; what reads must be a consistent, finite splat.
 """
 
 from __future__ import annotations
@@ -971,3 +974,220 @@ def test_fuzzed_meshes_load_or_fail_cleanly(tmp_path, caplog):
     assert not failures, sorted({f"{f[2]}: {f[3][:160]}" for f in failures})
     refused = sum(n for k, n in counts.items() if k.endswith("InputError"))
     assert loaded >= MESH_CASES // 10 and refused >= MESH_CASES // 10, counts  # both outcomes reached
+
+
+# ======================================================================================== splat formats
+FORMAT_CASES = 1200
+FORMAT_SEED = 45
+#: JSON keys of SOG's meta.json and of glTF whose values the mutations replace
+FORMAT_KEYS = [b'"count"', b'"mins"', b'"maxs"', b'"codebook"', b'"files"', b'"bands"', b'"version"',
+               b'"componentType"', b'"byteOffset"', b'"byteLength"', b'"bufferView"', b'"type"', b'"buffer"',
+               b'"KHR_gaussian_splatting:SCALE"', b'"POSITION"', b'"mode"', b'"translation"', b'"scale"']  # fmt: skip
+FORMAT_VALUES = [b"0", b"1", b"-1", b"3", b"255", b"65536", b"5121", b"5126", b"4294967296", b"1e400", b"null",
+                 b'"VEC3"', b'"SCALAR"', b"[]", b"{}", b'"x"', b'["../x.webp"]', b"[1e308, 0, 0]", b"[0, 0]",
+                 b'"NaN"', b"-1e39", b"true"]  # fmt: skip
+#: 32-bit integers written over header fields (counts, versions, offsets, sizes)
+HEADER_INTS = [0, 1, 2, 3, 4, 5, 255, 256, 1 << 16, 1 << 24, (1 << 31) - 1, 1 << 31, (1 << 32) - 1]
+
+
+def _format_bases(folder: Path) -> list[tuple[str, bytes]]:
+    """(suffix, bytes) of small splats written by our writers (and by splat-transform when it is on PATH)
+    in every format: SPZ v2, v3 (gzip) and v4 (ZSTD), SOG bundle, compressed PLY, .splat, .ksplat, GLB
+    and GLB with SPZ compression; SH degrees 0 and 3."""
+    import shutil
+    import subprocess
+
+    from microdreamer.formats import ksplat, spz, write_splat
+    from test_formats import random_splat
+
+    bases = []
+    for degree in (0, 3):
+        a = random_splat(48, degree, seed=degree)
+        for version in (2, 3, 4):
+            bases.append((".spz", spz.encode(a, version)))
+        for suffix in (".sog", ".compressed.ply", ".splat", ".glb", ".spz.glb"):
+            bases.append((suffix, write_splat(a, folder / f"b{degree}{suffix}").read_bytes()))
+        for level in (0, 1, 2):
+            bases.append(
+                (".ksplat", ksplat.write(a, folder / f"b{degree}_{level}.ksplat", level=level).read_bytes())
+            )
+        tool = shutil.which("splat-transform")
+        if tool and degree == 3:  # a real writer's files too
+            write_splat(a, folder / "ref.ply")
+            for out in ("st.spz", "st.sog", "st.compressed.ply", "st.glb"):
+                run = subprocess.run([tool, "-q", "-w", "ref.ply", out, *(["-g", "cpu"] if out.endswith(".sog") else [])],
+                                     cwd=folder, capture_output=True, timeout=300)  # fmt: skip
+                if run.returncode == 0:
+                    bases.append((out[2:], (folder / out).read_bytes()))
+    return bases
+
+
+def _mutate_bytes(raw: bytes, rng: np.random.Generator, header: int, floats_from: int) -> tuple[bytes, str]:
+    """One mutation of a binary file: byte flips, a truncation, an integer over a header field (the first
+    ``header`` bytes), or special float32 values written over the data (from ``floats_from`` on)."""
+    kind = str(rng.choice(["flip", "truncate", "int", "floats"], p=[0.35, 0.15, 0.3, 0.2]))
+    b = bytearray(raw)
+    if kind == "truncate" or len(b) < 8:
+        return raw[: int(rng.integers(0, len(raw) + 1))], "truncate"
+    if kind == "int":
+        off = 4 * int(rng.integers(0, max(1, min(header, len(b) - 4) // 4)))
+        b[off : off + 4] = struct.pack("<I", int(rng.choice(HEADER_INTS)))
+        return bytes(b), kind
+    if kind == "floats" and len(b) - floats_from >= 4:
+        for _ in range(int(rng.integers(1, 6))):
+            off = floats_from + 4 * int(rng.integers(0, (len(b) - floats_from) // 4))
+            b[off : off + 4] = np.array([rng.choice(FLOAT_SPECIALS)], "<f4").tobytes()
+        return bytes(b), kind
+    for _ in range(int(rng.integers(1, 6))):
+        b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+    return bytes(b), "flip"
+
+
+def _mutate_json_value(text: bytes, rng: np.random.Generator) -> bytes:
+    """``text`` with one value of a :data:`FORMAT_KEYS` key replaced by one of :data:`FORMAT_VALUES`."""
+    key = FORMAT_KEYS[int(rng.integers(0, len(FORMAT_KEYS)))]
+    where = [k for k in range(len(text)) if text.startswith(key, k)]
+    if not where:
+        b = bytearray(text)
+        b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+        return bytes(b)
+    k = int(rng.choice(where)) + len(key) + 1
+    end, depth = k, 0
+    while end < len(text):  # past one value (a list or object as a whole)
+        c = text[end : end + 1]
+        depth += c in (b"[", b"{")
+        if depth == 0 and c in (b",", b"}", b"]"):
+            break
+        depth -= c in (b"]", b"}")
+        end += 1
+    return text[:k] + FORMAT_VALUES[int(rng.integers(0, len(FORMAT_VALUES)))] + text[end:]
+
+
+def mutate_format(raw: bytes, suffix: str, rng: np.random.Generator) -> tuple[bytes, str]:
+    """One mutation of a splat file, made to reach the decoder: a gzip SPZ is inflated, mutated and
+    compressed again; a SOG bundle's meta.json values or one of its images are changed and the zip
+    written again; a GLB's JSON values are replaced; everything else (and a fifth of these) is mutated
+    as bytes (:func:`_mutate_bytes`)."""
+    import gzip
+    import zipfile
+    import zlib
+
+    if rng.random() < 0.2:
+        kind = "raw"
+        out, sub = _mutate_bytes(raw, rng, 64, 0)
+        return out, f"{kind} {sub}"
+    if suffix == ".spz" and raw[:2] == b"\x1f\x8b":
+        try:
+            inflated = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error):  # an earlier mutation broke the stream: bytes then
+            return _mutate_bytes(raw, rng, 64, 0)
+        plain, sub = _mutate_bytes(inflated, rng, 16, 16)
+        return gzip.compress(plain, mtime=0), f"inflated {sub}"
+    if suffix == ".spz":  # version 4: the header, table of contents and extensions are plain
+        return _mutate_bytes(raw, rng, 32 + 16 * raw[16 + 3] if len(raw) > 20 else 32, 1 << 30)
+    if suffix == ".sog":
+        try:
+            with zipfile.ZipFile(io.BytesIO(raw)) as z:
+                files = {n: z.read(n) for n in z.namelist()}
+        except (
+            zipfile.BadZipFile,
+            OSError,
+            EOFError,
+            zlib.error,
+            ValueError,
+            NotImplementedError,
+            RuntimeError,
+        ):
+            return _mutate_bytes(raw, rng, 64, 0)
+        if not files:
+            return _mutate_bytes(raw, rng, 64, 0)
+        name = "meta.json" if rng.random() < 0.6 else str(rng.choice(sorted(files)))
+        if name not in files:  # an earlier mutation dropped it
+            return _mutate_bytes(raw, rng, 64, 0)
+        if name == "meta.json":
+            files[name] = _mutate_json_value(files[name], rng)
+            kind = "meta.json"
+        elif rng.random() < 0.5:
+            files[name] = files[str(rng.choice(sorted(files)))]  # another file (an image of another size)
+            kind = "swapped file"
+        else:
+            files[name], sub = _mutate_bytes(files[name], rng, 32, 1 << 30)
+            kind = f"image {sub}"
+        if rng.random() < 0.1:
+            del files[str(rng.choice(sorted(files)))]
+            kind += " + missing file"
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for n, data in files.items():
+                z.writestr(n, data)
+        return buf.getvalue(), kind
+    span = _glb_json(raw)
+    if suffix.endswith(".glb") and span and rng.random() < 0.5:
+        textpart = _mutate_json_value(raw[span[0] : span[1]], rng)
+        textpart += b" " * (-len(textpart) % 4)
+        rest = raw[span[1] :]
+        head = struct.pack("<III", 0x46546C67, 2, 12 + 8 + len(textpart) + len(rest))
+        return head + struct.pack("<II", len(textpart), 0x4E4F534A) + textpart + rest, "json"
+    if suffix.endswith(".glb") and span:
+        return _mutate_bytes(raw, rng, 20, span[1] + 8)
+    if suffix == ".compressed.ply":
+        end = raw.find(b"end_header\n") + 11
+        text = raw[: max(end, 0)].decode("latin-1").split("\n")
+        hits = [i for i, line in enumerate(text) if line.startswith("element")]
+        if hits and end > 11 and rng.random() < 0.3:  # an element count in the header
+            i = int(rng.choice(hits))
+            text[i] = " ".join(text[i].split(" ")[:2] + [str(int(rng.choice(HEADER_INTS + [10**12, -1])))])
+            return "\n".join(text).encode("latin-1") + raw[end:], "count"
+        return _mutate_bytes(raw, rng, 0, end)
+    if suffix == ".ksplat":
+        return _mutate_bytes(raw, rng, 4096 + 1024, 4096 + 1024)
+    return _mutate_bytes(raw, rng, 0, 0)  # .splat: no header
+
+
+def test_fuzzed_splat_formats_read_or_fail_cleanly(tmp_path, caplog):
+    """Mutated SPZ (v2-4), SOG, compressed PLY, .splat, .ksplat and GLB splats (ours, and splat-transform's
+    when it is on PATH) through ``read_splat_arrays`` (what every command reads with): each reads to a
+    consistent, finite splat or raises one InputError line naming the file; never another exception."""
+    from microdreamer.formats import read_splat_arrays
+
+    rng = np.random.default_rng(FORMAT_SEED)
+    (tmp_path / "bases").mkdir()
+    bases = _format_bases(tmp_path / "bases")
+    counts: collections.Counter = collections.Counter()
+    kinds: collections.Counter = collections.Counter()
+    failures = []
+    with caplog.at_level(logging.ERROR):
+        for case in range(FORMAT_CASES):
+            suffix, raw = bases[case % len(bases)]
+            applied = []
+            for _ in range(int(rng.choice([1, 1, 2]))):
+                raw, kind = mutate_format(raw, suffix, rng)
+                applied.append(kind)
+            kinds.update(f"{suffix[1:]} {k}" for k in applied)
+            path = tmp_path / f"case{case}{suffix}"
+            path.write_bytes(raw)
+            try:
+                try:
+                    a = read_splat_arrays(path)
+                except InputError as e:
+                    _check_error(e, path)
+                    counts[f"{suffix[1:]}: InputError"] += 1
+                    continue
+                n = len(a)
+                assert n > 0 and a.sh_dc.shape == (n, 3) and a.log_scales.shape == (n, 3)
+                assert a.quats.shape == (n, 4) and a.opacity_logits.shape == (n,)
+                assert a.sh_rest.shape[0] == n and a.sh_rest.shape[1] in (0, 3, 8, 15)
+                for v in (a.means, a.sh_dc, a.sh_rest, a.opacity_logits, a.log_scales, a.quats):
+                    assert v.dtype == np.float32 and np.isfinite(v).all()
+                counts[f"{suffix[1:]}: read"] += 1
+            except Exception as e:  # anything but InputError is a defect
+                failures.append((case, suffix, applied, f"{type(e).__name__}: {e}"))
+                (tmp_path / f"failure_{case}{suffix}").write_bytes(raw)
+            finally:
+                path.unlink()
+    print(f"\nformat fuzz: {FORMAT_CASES} cases on {len(bases)} bases; outcomes {dict(sorted(counts.items()))}; "
+          f"mutations {dict(sorted(kinds.items()))}")  # fmt: skip
+    assert not failures, sorted({f"{f[1]} {f[2]}: {f[3][:200]}" for f in failures})
+    read = sum(n for k, n in counts.items() if k.endswith("read"))
+    refused = sum(n for k, n in counts.items() if k.endswith("InputError"))
+    assert read >= FORMAT_CASES // 10 and refused >= FORMAT_CASES // 10, counts  # both outcomes reached

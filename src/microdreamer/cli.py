@@ -107,6 +107,7 @@ COMMANDS = (
             Flag("--up", "up"),
             Flag("--tiles", "scene.tiles", "off|auto|N"),
             Flag("--voxel", "scene.voxel", "SIZE|auto"),
+            Flag("--crop", "crop", "BOX|auto"),
         ),
         batch=True,
     ),
@@ -179,6 +180,7 @@ COMMANDS = (
             Flag("--size", "size"),
             Flag("--elevation", "elevation_deg"),
             Flag("--up", "up"),
+            Flag("--crop", "crop", "BOX|auto"),
         ),
         preset=False,
     ),
@@ -296,6 +298,8 @@ EXTRA = {
     ("generate", "--random-weights"): ({"choices": list(config.RANDOM_WEIGHTS), "default": None,
                                         "help": "use a randomly initialised model (timing and plumbing "
                                                 "only: the output is noise)"}, "tiny|full"),
+    ("mesh", "--with-splat"): ({"action": "store_true", "help": "also write the splat into OUT.glb "
+                                "(KHR_gaussian_splatting, in the mesh's frame): splat viewers show it, others the mesh"}, None),
     ("mesh", "--profile"): ({"action": "store_true", "help": "also write OUT.profile.json and OUT.profile.png: "
                              "seconds per stage and each stage's Amdahl bound"}, None),
     ("reconstruct", "--profile"): ({"action": "store_true", "help": "also write profile.json and profile.png "
@@ -313,6 +317,9 @@ EXTRA = {
                                   "EXT,..."),
     ("view", "--serve"): ({"action": "store_true", "help": "serve the folder on 127.0.0.1 and print its address "
                            "(Ctrl-C stops)"}, None),
+    ("view", "--crop"): ({"default": None, "metavar": "BOX|auto", "help": "crop splats to a box X0,Y0,Z0,X1,Y1,Z1 "
+                          "(their own coordinates) or auto: the main object of a scene (ground and far floaters "
+                          "out)"}, "BOX|auto"),
     ("view", "--port"): ({"type": _ranged(0, 65535, "a TCP port"), "default": 0, "metavar": "N", "help": "the server's port (default 0: a "
                           "free one)"}, "N"),
     ("profile", "--resolutions"): ({"default": "128,256,384,512,768,1024", "metavar": "R,R,...",
@@ -826,12 +833,12 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
         if Path(args.output).suffix.lower() in config.MESH_FORMATS and not folder_output:
             raise InputError(f"-o {args.output}: a batch writes one mesh per splat; give an output folder "
                              "(-o DIR/)")  # fmt: skip
-        cfg = job_config(args)
+        cfg = dataclasses.replace(job_config(args), with_splat=args.with_splat)
         from microdreamer.jobs.batch import MeshJob
 
         return _run_batch(args, MeshJob(cfg, args.device), sources, cfg)
     args.splat = sources[0]
-    cfg = job_config(args)  # checked before reading anything
+    cfg = dataclasses.replace(job_config(args), with_splat=args.with_splat)  # checked before reading anything
     out = _check_mesh_output(args, cfg)
     arrays, bad_input, read_s, started = _read_splat_before_torch(args.splat)
     t = time.perf_counter()
@@ -1086,7 +1093,7 @@ def cmd_render(args: argparse.Namespace) -> None:
         up, how = resolve_up(source, "auto")
         print(describe_up(up, how))
         cfg = dataclasses.replace(cfg, up=up)
-    out = render_turntable(source, args.output, cfg, device=device)
+    out = render_turntable(source, args.output, cfg, device=device, say=print)
     print(f"rendered {args.source} -> {out} in {time.perf_counter() - t:.2f} s")
 
 
@@ -1138,7 +1145,11 @@ def cmd_view(args: argparse.Namespace) -> None:
     out = Path(args.output) if args.output else first.parent / f"{first.stem or first.name}_viewer"
     server = bind(out, port=args.port) if args.serve else None  # the port first: nothing built if it is taken
     try:
-        index = build_viewer([Path(p) for p in args.paths], out)
+        if args.crop:
+            from microdreamer.crop import parse_crop
+
+            parse_crop(args.crop)
+        index = build_viewer([Path(p) for p in args.paths], out, crop=args.crop, say=print)
     except BaseException:
         if server is not None:
             server.server_close()

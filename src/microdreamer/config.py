@@ -1061,6 +1061,38 @@ UP_HELP_AUTO = (UP_HELP + "; auto: the side of the ground when the input has one
                 "(a floor or table under the object), else +y")  # fmt: skip
 
 
+CROP_HELP = (
+    "crop to a box X0,Y0,Z0,X1,Y1,Z1 (the splat's coordinates after --up: Gaussians whose centres lie "
+    "in it; the grid spans it), or auto: the main object of a scene (ground and far floaters out)"
+)
+
+
+def parse_crop_spec(spec: str, setting: str = "--crop") -> str | tuple[tuple, tuple]:
+    """``"auto"``, or the corners ``((x0, y0, z0), (x1, y1, z1))`` of ``"X0,Y0,Z0,X1,Y1,Z1"``; one
+    InputError line otherwise (:func:`microdreamer.crop.parse_crop` makes the box of it)."""
+    import math
+
+    spec = str(spec).strip()
+    if spec == "auto":
+        return "auto"
+    try:
+        v = [float(s) for s in spec.split(",")]
+    except ValueError:
+        v = []
+    if len(v) != 6 or not all(math.isfinite(x) for x in v):
+        raise InputError(f"{setting} {spec}: give auto or six numbers X0,Y0,Z0,X1,Y1,Z1 (the box's corners)")
+    lo, hi = tuple(v[:3]), tuple(v[3:])
+    if not all(a < b for a, b in zip(lo, hi, strict=True)):
+        raise InputError(f"{setting} {spec}: each of X1, Y1, Z1 must be above X0, Y0, Z0")
+    return lo, hi
+
+
+def _check_crop(cfg) -> None:
+    """``crop``: None, ``auto`` or six numbers."""
+    if cfg.crop is not None:
+        parse_crop_spec(cfg.crop)
+
+
 #: the export's silhouette-carving directions (``MeshConfig.carve``)
 EXPORT_CARVE_DIRECTIONS = 24
 
@@ -1119,8 +1151,14 @@ class ExportConfig(Config):
                       "meshing, and the mesh is written in that frame; auto: the side of the ground when the "
                       "splat has one clear ground layer (a floor or table), else +y", choices=UP_CHOICES)  # fmt: skip
 
+    crop: str | None = setting(None, CROP_HELP)
+    with_splat: bool = setting(
+        False, "also write the splat into the .glb (KHR_gaussian_splatting), in the mesh's frame"
+    )
+
     def validate(self) -> None:
         self.choose("up", UP_CHOICES)
+        _check_crop(self)
 
 
 FRAMES = ("input", "dataset")
@@ -1382,9 +1420,11 @@ class TurntableConfig(Config):
     fps: int = 30
     sheet_views: int = 8
     up: str = setting("+y", UP_HELP_AUTO, choices=UP_CHOICES)
+    crop: str | None = setting(None, CROP_HELP)
 
     def validate(self) -> None:
         self.choose("up", UP_CHOICES)
+        _check_crop(self)
         self.require("frames", self.frames >= 1, "must be at least 1")
         self.require("size", 16 <= self.size <= 4096, "must be between 16 and 4096 pixels")
         self.require("fps", self.fps >= 1, "must be at least 1")

@@ -88,10 +88,12 @@ def detect_format(path: str | os.PathLike) -> str | None:
 def _zip_names(path: Path) -> bytes:
     import zipfile
 
+    from microdreamer.formats.sog import _ZIP_ERRORS
+
     try:
         with zipfile.ZipFile(path) as z:
             return "\n".join(z.namelist()).encode()
-    except (zipfile.BadZipFile, OSError):
+    except _ZIP_ERRORS:
         return b""
 
 

@@ -202,9 +202,17 @@ def _degenerate(name: str, log_scales: np.ndarray, quats: np.ndarray) -> tuple[n
             name, rows.size, first_rows(rows), LOG_SCALE_MIN, float(log_scales.min()), LOG_SCALE_MIN,
         )  # fmt: skip
         log_scales = np.maximum(log_scales, np.float32(LOG_SCALE_MIN))
+    # whole-array tests first (a reduction along a row of 3 or 4 is slow in NumPy); rows only if needed
+    huge_any = bool(log_scales.max() > LOG_SCALE_MAX)
+    # a quaternion is at least as long as its largest component: only those below the limit are measured
+    small = np.abs(quats) < QUAT_MIN_LENGTH
+    if not huge_any and not small.any():
+        return None, log_scales
     huge = (log_scales > LOG_SCALE_MAX).any(-1)
-    length = np.sqrt(np.square(quats.astype(np.float64)).sum(-1))
-    no_rotation = length < QUAT_MIN_LENGTH
+    short = small.all(-1)
+    length = np.sqrt(np.square(quats[short].astype(np.float64)).sum(-1))
+    no_rotation = np.zeros(n, dtype=bool)
+    no_rotation[short] = length < QUAT_MIN_LENGTH
     drop = huge | no_rotation
     if not drop.any():
         return None, log_scales
@@ -217,7 +225,7 @@ def _degenerate(name: str, log_scales: np.ndarray, quats: np.ndarray) -> tuple[n
         )
     if no_rotation.any():
         rows = np.flatnonzero(no_rotation)
-        shortest = float(length[no_rotation].min())
+        shortest = float(length[no_rotation[short]].min())
         kind = "all zero" if shortest == 0.0 else f"length down to {shortest:.3g}"
         reasons.append(
             f"{rows.size} whose rotation quaternion is shorter than {QUAT_MIN_LENGTH:g} ({kind}; no "
@@ -326,6 +334,8 @@ def transform_arrays(
         translation: [3] or None.
     """
     M = np.asarray(M, np.float64)
+    if scale == 1.0 and translation is None and np.array_equal(np.abs(M), np.eye(3)):
+        return _flip_arrays(arrays, np.diag(M))
     means = scale * arrays.means.astype(np.float64) @ M.T
     if translation is not None:
         means += np.asarray(translation, np.float64)
@@ -342,6 +352,23 @@ def transform_arrays(
         opacity_logits=arrays.opacity_logits,
         log_scales=(arrays.log_scales + np.float32(math.log(scale))).astype(np.float32),
         quats=q.astype(np.float32),
+    )
+
+
+def _flip_arrays(arrays: SplatArrays, signs: np.ndarray) -> SplatArrays:
+    """:func:`transform_arrays` for an axis flip ``M = diag(signs)`` (each +-1), no scale, no translation:
+    every value changes by a sign only, so float32 sign flips give the general path's values exactly
+    (its float64 products by +-1 and 0 round back to the same float32) at a fraction of the memory."""
+    s = np.asarray(signs, np.float64)
+    R = s * np.prod(s)  # the proper rotation's diagonal (det +1)
+    qsign = np.array([1.0, R[1] * R[2], R[0] * R[2], R[0] * R[1]], np.float32)
+    return SplatArrays(
+        means=arrays.means * s.astype(np.float32),
+        sh_dc=arrays.sh_dc,
+        sh_rest=np.ascontiguousarray(transform_sh(arrays.sh_rest, np.diag(s))),
+        opacity_logits=arrays.opacity_logits,
+        log_scales=arrays.log_scales,
+        quats=arrays.quats * qsign,
     )
 
 

@@ -120,9 +120,14 @@ def decode(f, head, name: str, size: int) -> SplatArrays:
     if "sh" in data:
         sh = data["sh"]
         n_rest = len(sh.dtype.names)
-        if n_rest not in (9, 24, 45) or sh.shape[0] != n:
+        if (
+            n_rest not in (9, 24, 45)
+            or sh.shape[0] != n
+            or set(sh.dtype.names) != {f"f_rest_{i}" for i in range(n_rest)}
+        ):
             raise InputError(
-                f"{name}: sh element with {n_rest} properties for {sh.shape[0]} rows; the file is corrupt"
+                f"{name}: sh element with {n_rest} properties for {sh.shape[0]} rows (expected f_rest_0.. of 9, "
+                f"24 or 45 for {n}); the file is corrupt"
             )
         v = np.stack([sh[f"f_rest_{i}"] for i in range(n_rest)], -1).astype(np.float64)
         t = np.where(v == 0, 0.0, np.where(v == 255, 1.0, (v + 0.5) / 256))

@@ -132,7 +132,7 @@ class _Buffers:
         return items[index]
 
     def buffer(self, index: int) -> bytes:
-        if index in self._cache:
+        if isinstance(index, int) and index in self._cache:
             return self._cache[index]
         buf = self._item("buffers", index)
         uri = buf.get("uri")
@@ -175,13 +175,19 @@ class _Buffers:
             or offset + length > len(data)
         ):
             raise InputError(f"{self.name}: bufferView {index} runs past its buffer; the file is truncated")
-        return data, offset, length, int(v.get("byteStride", 0) or 0)
+        stride = v.get("byteStride", 0) or 0
+        if not isinstance(stride, int) or stride < 0:
+            raise InputError(
+                f"{self.name}: bufferView {index} has byteStride {stride!r}; the file is corrupt"
+            )
+        return data, offset, length, stride
 
     def accessor(self, index: int, width: int | None = None) -> np.ndarray:
         """[count, width] float64 values of accessor ``index`` (normalised integers as fractions)."""
         acc = self._item("accessors", index)
         comp, kind, count = acc.get("componentType"), acc.get("type"), acc.get("count")
-        if comp not in _COMPONENTS or kind not in _WIDTH or not isinstance(count, int) or count < 0:
+        known = isinstance(comp, int) and comp in _COMPONENTS and isinstance(kind, str) and kind in _WIDTH
+        if not known or not isinstance(count, int) or count < 0:
             raise InputError(
                 f"{self.name}: accessor {index} has an unknown type ({comp!r}, {kind!r}, {count!r})"
             )
@@ -338,7 +344,8 @@ def _primitive(prim: dict, ext: dict, old: str | None, buffers: _Buffers, name: 
     color = None
     if "COLOR_0" in attrs:
         acc = buffers._item("accessors", attrs["COLOR_0"])
-        color = buffers.accessor(attrs["COLOR_0"], _WIDTH.get(acc.get("type"), 4))
+        kind = acc.get("type")
+        color = buffers.accessor(attrs["COLOR_0"], _WIDTH.get(kind, 4) if isinstance(kind, str) else 4)
     if dc is None:
         if color is None:
             raise InputError(f"{name}: a {EXT} primitive has neither SH_DEGREE_0_COEF_0 nor COLOR_0")
@@ -488,3 +495,65 @@ def write(arrays: SplatArrays, path: str | os.PathLike, compress_spz: bool = Fal
     with atomic_path(path) as tmp:
         tmp.write_bytes(out)
     return path
+
+
+def _glb_parts(glb: bytes, name: str) -> tuple[dict, bytes]:
+    """(JSON document, BIN chunk or b"") of GLB bytes."""
+    if glb[:4] != b"glTF" or len(glb) < 20:
+        raise InputError(f"{name}: not a GLB file")
+    (json_len,) = struct.unpack("<I", glb[12:16])
+    doc = json.loads(glb[20 : 20 + json_len])
+    at = 20 + json_len
+    blob = b""
+    if at + 8 <= len(glb):
+        blob_len, kind = struct.unpack("<II", glb[at : at + 8])
+        if kind == _BIN:
+            blob = glb[at + 8 : at + 8 + blob_len]
+    return doc, blob
+
+
+def add_splat(mesh_glb: bytes, arrays: SplatArrays, name: str = "mesh.glb") -> bytes:
+    """GLB bytes holding the mesh GLB ``mesh_glb`` (one buffer, its scene's nodes) and the splat
+    ``arrays`` as one more node: a ``KHR_gaussian_splatting`` POINTS primitive laid out as :func:`encode`
+    writes it (splat-transform's own ``.glb`` layout), its float accessors after the mesh's data in the
+    one buffer.
+
+    Args:
+        mesh_glb: a GLB of one buffer (what :func:`microdreamer.mesh.save_mesh` writes).
+        arrays: the splat in the PLY frame (:func:`encode` turns it into glTF's); to place it where the
+            mesh's vertices are, pass it mapped by ``FLIP_LUF`` from the mesh's coordinates.
+    """
+    doc, blob = _glb_parts(mesh_glb, name)
+    splat_doc, splat_blob = _glb_parts(encode(arrays), "splat")
+    if len(doc.get("buffers", [])) > 1:
+        raise InputError(
+            f"{name}: a GLB of {len(doc['buffers'])} buffers; the splat is added to one-buffer GLBs"
+        )
+    base = len(_pad4(blob))
+    views, accessors = doc.setdefault("bufferViews", []), doc.setdefault("accessors", [])
+    view0, acc0 = len(views), len(accessors)
+    for v in splat_doc["bufferViews"]:
+        views.append({**v, "byteOffset": v.get("byteOffset", 0) + base})
+    for a in splat_doc["accessors"]:
+        accessors.append({**a, **({"bufferView": a["bufferView"] + view0} if "bufferView" in a else {})})
+    prim = splat_doc["meshes"][0]["primitives"][0]
+    prim["attributes"] = {k: v + acc0 for k, v in prim["attributes"].items()}
+    meshes, nodes = doc.setdefault("meshes", []), doc.setdefault("nodes", [])
+    meshes.append({"name": "splat", "primitives": [prim]})
+    nodes.append({"name": "splat", "mesh": len(meshes) - 1})
+    scenes = doc.setdefault("scenes", [{"nodes": []}])
+    scenes[doc.get("scene", 0)].setdefault("nodes", []).append(len(nodes) - 1)
+    doc.setdefault("scene", 0)
+    used = doc.setdefault("extensionsUsed", [])
+    used += [e for e in splat_doc["extensionsUsed"] if e not in used]
+    blob = _pad4(blob) + splat_blob
+    doc["buffers"] = [{**(doc.get("buffers") or [{}])[0], "byteLength": len(blob)}]
+    doc["buffers"][0].pop("uri", None)
+    js = _pad4(json.dumps(doc, separators=(",", ":")).encode(), b" ")
+    return (
+        struct.pack("<III", _GLB_MAGIC, 2, 12 + 8 + len(js) + 8 + len(blob))
+        + struct.pack("<II", len(js), _JSON)
+        + js
+        + struct.pack("<II", len(blob), _BIN)
+        + blob
+    )

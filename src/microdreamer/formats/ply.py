@@ -332,17 +332,28 @@ def _read_ascii(
 
 
 def _arrays_from_table(data: np.ndarray, name: str, count: int, n_rest: int) -> SplatArrays:
-    """The arrays of a vertex table, checked by :func:`~microdreamer.formats.common.finish`."""
+    """The arrays of a vertex table, checked by :func:`~microdreamer.formats.common.finish`.
 
-    def cols(names: list[str]) -> np.ndarray:
-        with np.errstate(over="ignore", invalid="ignore"):  # doubles beyond float32 become inf: refused
-            return np.stack([np.asarray(data[p], dtype=np.float32) for p in names], axis=-1)
-
+    A table of native float32 properties only (what every 3DGS trainer writes) is viewed as an [N, P]
+    matrix and each field gathered at once (one pass in the output's order); any other table (doubles,
+    integers, the other endianness, ASCII) is converted column by column. Both give the same values."""
     k1 = n_rest // 3  # K - 1 higher-order coefficients per channel
-    if k1:
-        sh_rest = cols([f"f_rest_{i}" for i in range(3 * k1)]).reshape(count, 3, k1).transpose(0, 2, 1)
+    # f_rest is channel-major in the file; [N, K-1, 3] wants f_rest_{c * (K-1) + k} at [k, c]
+    rest = [f"f_rest_{c * k1 + k}" for k in range(k1) for c in range(3)]
+    native = np.dtype("=f4")
+    if data.dtype.fields and all(t == native for t, *_ in data.dtype.fields.values()):
+        table = data.view(native).reshape(count, len(data.dtype.names))
+        column = {p: i for i, p in enumerate(data.dtype.names)}
+
+        def cols(names: list[str]) -> np.ndarray:
+            return table[:, [column[p] for p in names]]
     else:
-        sh_rest = np.zeros((count, 0, 3), np.float32)
+
+        def cols(names: list[str]) -> np.ndarray:
+            with np.errstate(over="ignore", invalid="ignore"):  # doubles beyond float32 become inf: refused
+                return np.stack([np.asarray(data[p], dtype=np.float32) for p in names], axis=-1)
+
+    sh_rest = cols(rest).reshape(count, k1, 3) if k1 else np.zeros((count, 0, 3), np.float32)
     return finish(
         name,
         means=cols(["x", "y", "z"]),

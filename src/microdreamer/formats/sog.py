@@ -49,8 +49,14 @@ from microdreamer.formats.common import (
 
 _SQRT2 = math.sqrt(2.0)
 _OTHERS = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])
+# [largest, component]: where each quaternion component sits in (the three stored, the largest)
+_FROM = np.array([[3 if c == big else list(_OTHERS[big]).index(c) for c in range(4)] for big in range(4)])
 _K1 = {0: 0, 1: 3, 2: 8, 3: 15}
 MAX_META_BYTES = 64 << 20
+#: what zipfile raises for a damaged archive: a bad name (a flipped UTF-8 flag), an unknown compression
+#: method, an encryption flag, a bad stream or size
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, UnicodeDecodeError, NotImplementedError,
+               RuntimeError, ValueError)  # fmt: skip
 
 
 def _loader(path: Path, name: str) -> tuple[dict, Callable[[str], bytes]]:
@@ -69,7 +75,7 @@ def _loader(path: Path, name: str) -> tuple[dict, Callable[[str], bytes]]:
     if head.startswith(b"PK"):
         try:
             archive = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, OSError) as e:
+        except _ZIP_ERRORS as e:
             raise InputError(f"{name}: not a readable .sog zip ({e}); export it again") from None
         members = {i.filename: i for i in archive.infolist()}
 
@@ -83,7 +89,7 @@ def _loader(path: Path, name: str) -> tuple[dict, Callable[[str], bytes]]:
                 raise InputError(f"{name}: {file!r} claims {info.file_size} bytes; the .sog is corrupt")
             try:
                 return archive.read(info)
-            except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as e:
+            except _ZIP_ERRORS as e:
                 raise InputError(
                     f"{name}: {file!r} cannot be read from the bundle ({e}); export it again"
                 ) from None
@@ -110,6 +116,10 @@ def _loader(path: Path, name: str) -> tuple[dict, Callable[[str], bytes]]:
     if not isinstance(meta, dict) or "means" not in meta:
         raise InputError(f"{name}: meta.json has no 'means'; not a SOG splat")
     return meta, load
+
+
+_QUAT_COMPONENT = (np.arange(256, dtype=np.float64) / 255.0 * 2.0 - 1.0) / _SQRT2  # float64, as built
+_OPACITY = logit(np.arange(256, dtype=np.float64) / 255.0)
 
 
 def _image(load: Callable[[str], bytes], file: str, name: str, count: int) -> np.ndarray:
@@ -173,26 +183,32 @@ def read(path: str | os.PathLike, progress=None) -> SplatArrays:
     lo = _image(load, _files(meta, "means", 2, name)[0], name, count)[:count]
     hi = _image(load, _files(meta, "means", 2, name)[1], name, count)[:count]
     mins, maxs = _floats(meta, "means", "mins", 3, name)[:3], _floats(meta, "means", "maxs", 3, name)[:3]
-    q16 = (lo[:, :3].astype(np.float64) + 256.0 * hi[:, :3]) / 65535.0
+    # every code is decoded through a table of its values (float64, rounded to float32 once: the values
+    # decoding each Gaussian in float64 gives), 65536 entries an axis for the 16-bit positions
+    q16 = np.arange(65536, dtype=np.float64)[:, None] / 65535.0
     v = mins + np.where(maxs - mins == 0, 1.0, maxs - mins) * q16
-    means = np.sign(v) * (np.exp(np.abs(v)) - 1.0)
-    qpix = _image(load, _files(meta, "quats", 1, name)[0], name, count)[:count].astype(np.float64)
+    with np.errstate(over="ignore"):  # beyond float32: inf, which finish() refuses naming the Gaussians
+        axis_values = (np.sign(v) * (np.exp(np.abs(v)) - 1.0)).astype(np.float32)  # [65536, 3]
+    code = lo[:, :3].astype(np.intp) | (hi[:, :3].astype(np.intp) << 8)
+    means = np.stack([axis_values[code[:, i], i] for i in range(3)], -1)
+    qpix = _image(load, _files(meta, "quats", 1, name)[0], name, count)[:count]
     tag = qpix[:, 3].astype(np.int64)
     valid = (tag >= 252) & (tag <= 255)
     largest = np.clip(tag - 252, 0, 3)
-    rest = (qpix[:, :3] / 255.0 * 2.0 - 1.0) / _SQRT2
-    quats = np.zeros((count, 4))
-    np.put_along_axis(quats, _OTHERS[largest], rest, axis=1)
-    quats[np.arange(count), largest] = np.sqrt(np.maximum(0.0, 1.0 - np.square(rest).sum(-1)))
+    parts = np.empty((count, 4))  # the three stored components, then the largest
+    parts[:, :3] = _QUAT_COMPONENT[qpix[:, :3]]
+    r = parts[:, :3]
+    parts[:, 3] = np.sqrt(np.maximum(0.0, 1.0 - (r[:, 0] * r[:, 0] + r[:, 1] * r[:, 1] + r[:, 2] * r[:, 2])))
+    quats = np.take_along_axis(parts, _FROM[largest], axis=1).astype(np.float32)
     quats[~valid] = (1.0, 0.0, 0.0, 0.0)
     spix = _image(load, _files(meta, "scales", 1, name)[0], name, count)[:count]
     cpix = _image(load, _files(meta, "sh0", 1, name)[0], name, count)[:count]
     if version == 2:
         scode = _floats(meta, "scales", "codebook", 256, name)
         ccode = _floats(meta, "sh0", "codebook", 256, name)
-        log_scales = scode[spix[:, :3]]
-        sh_dc = ccode[cpix[:, :3]]
-        opacity = logit(cpix[:, 3] / 255.0)
+        log_scales = scode.astype(np.float32)[spix[:, :3]]
+        sh_dc = ccode.astype(np.float32)[cpix[:, :3]]
+        opacity = _OPACITY[cpix[:, 3]]
     else:
         smin, smax = (
             _floats(meta, "scales", "mins", 3, name)[:3],
@@ -250,15 +266,14 @@ def _read_shn(meta: dict, load, name: str, count: int, version) -> np.ndarray:
     if cw != 64 * k1:
         raise InputError(f"{name}: {files[0]} is {cw} wide, expected {64 * k1} for {k1} SH coefficients")
     labels = _image(load, files[1], name, count)[:count]
-    label = labels[:, 0].astype(np.int64) | (labels[:, 1].astype(np.int64) << 8)
-    ok = label < min(palette, 64 * ch)
-    label = np.where(ok, label, 0)
-    cols = (label % 64)[:, None] * k1 + np.arange(k1)[None]  # [N, K-1]
-    rows = (label // 64)[:, None].repeat(k1, 1)
-    pix = centroids[rows, cols, :3]  # [N, K-1, 3]
-    sh = dequant(pix)
-    sh[~ok] = 0.0
-    return sh
+    label = labels[:, 0].astype(np.intp) | (labels[:, 1].astype(np.intp) << 8)
+    # the palette decoded once (entry e's coefficients are pixels 64 e .. 64 e + K-2 of the rows laid
+    # end to end), in float64 and rounded to float32 once, then gathered: the values of decoding each
+    # Gaussian's pixels; labels beyond the palette get the zero entry appended at its end
+    entries = min(palette, 64 * ch, 1 << 16)  # labels are 16 bits
+    table = np.zeros((entries + 1, k1, 3), np.float32)
+    table[:entries] = dequant(centroids[:, :, :3].reshape(ch * 64, k1, 3)[:entries])
+    return table[np.where(label < entries, label, entries)]
 
 
 # ----------------------------------------------------------------------------------------------- writing
@@ -306,14 +321,49 @@ def kmeans(
     pts = pts.astype(np.float32)
     k = min(k, len(pts))
     centres = pts[rng.choice(len(pts), k, replace=False)].copy()
-    for _ in range(iterations):
+    # as many centres as sampled rows: every row is a centre and its own nearest, so Lloyd's steps would
+    # leave the centres as they are (a million-row SOG's 64k palette from a 64k sample): skipped
+    for _ in range(iterations if k < len(pts) else 0):
         lab = _nearest(pts, centres)
         counts = np.bincount(lab, minlength=k)
         sums = np.zeros_like(centres, dtype=np.float64)
         np.add.at(sums, lab, pts)
         filled = counts > 0
         centres[filled] = (sums[filled] / counts[filled, None]).astype(np.float32)
-    return centres, _nearest(x, centres)
+    return centres, (
+        _nearest(x, centres) if len(centres) <= EXACT_LABELS else _nearest_grouped(x, centres, seed)
+    )
+
+
+#: palettes up to this many centres label every row with its exact nearest centre; larger ones search the
+#: centres of a few groups only (:func:`_nearest_grouped`)
+EXACT_LABELS = 4096
+
+
+def _nearest_grouped(x: np.ndarray, centres: np.ndarray, seed: int = 0, probes: int = 8) -> np.ndarray:
+    """[N] a near (not always the nearest) centre of ``centres`` [K, D] for each row of ``x`` [N, D]:
+    the centres are grouped by k-means into sqrt(K) groups; the rows nearest a group search the centres
+    of the ``probes`` groups nearest that group's mean. N K D work becomes about N (sqrt(K) + probes K /
+    sqrt(K)) D: for a million rows and a 64k palette, a fortieth. (The palette is lossy either way; the
+    test bounds the error against the exact search.)"""
+    k = len(centres)
+    groups = max(2, int(math.sqrt(k)))
+    means, member = kmeans(centres, groups, iterations=6, sample=k, seed=seed)
+    means = means.astype(np.float32)
+    near = np.argsort(((means[:, None] - means[None]) ** 2).sum(-1), axis=1)[:, :probes]  # [G, probes]
+    row_group = _nearest(x, means)
+    out = np.empty(len(x), np.int64)
+    order = np.argsort(member, kind="stable")
+    starts = np.searchsorted(member[order], np.arange(len(means) + 1))
+    for g in range(len(means)):
+        rows = np.flatnonzero(row_group == g)
+        if rows.size == 0:
+            continue
+        cand = np.concatenate([order[starts[h] : starts[h + 1]] for h in near[g]])
+        if cand.size == 0:  # groups without centres (an empty k-means cluster): every centre
+            cand = np.arange(k)
+        out[rows] = cand[_nearest(x[rows], centres[cand])]
+    return out
 
 
 def _webp(rgba: np.ndarray, width: int, height: int) -> bytes:

@@ -178,9 +178,16 @@ def _decode_v4(data: bytes, name: str) -> SplatArrays:
             raise InputError(
                 f"{name}: SPZ stream {i} holds {plain} bytes, expected {want}; the file is corrupt"
             )
+        stream = data[at : at + packed]
         try:
-            out = decompressor.decompress(data[at : at + packed], max_output_size=want)
-        except zstandard.ZstdError as e:
+            declared = zstandard.frame_content_size(stream)  # -1: not stated
+            if declared not in (-1, want):  # a frame that says it holds more (or less) than the table
+                raise InputError(
+                    f"{name}: SPZ stream {i}'s frame declares {declared} bytes, expected {want}; the file is "
+                    "corrupt"
+                )
+            out = decompressor.decompress(stream, max_output_size=want)
+        except (zstandard.ZstdError, MemoryError) as e:
             raise InputError(f"{name}: corrupt SPZ stream {i} ({e}); export it again") from None
         if len(out) != want:
             raise truncated(name, count)
@@ -209,43 +216,90 @@ def _extension_frame(records: bytes, name: str) -> str | None:
     return None
 
 
+def _lut(values: np.ndarray) -> np.ndarray:
+    """A float32 table of a byte code's values, computed in float64 and rounded once (what decoding
+    each byte in float64 and casting the result gives, exactly)."""
+    return np.asarray(values, np.float64).astype(np.float32)
+
+
+_CODES = np.arange(256, dtype=np.float64)
+_ALPHA = _lut(logit(_CODES / 255.0))
+_COLOR = _lut((_CODES / 255.0 - 0.5) / COLOR_SCALE)
+_SCALE = _lut(_CODES / 16.0 - 10.0)
+_SH = _lut((_CODES - 128.0) / 128.0)
+_MAGNITUDE = np.arange(512, dtype=np.float64) / 511 * np.sqrt(0.5)
+_SMALLEST_THREE = np.concatenate([_MAGNITUDE, -_MAGNITUDE])  # float64: the quaternion is built in it
+_OTHERS = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])
+# [largest, w x y z]: where each component of the quaternion sits in (the three stored, the largest)
+_WXYZ_FROM = np.array(
+    [[3 if c == big else list(_OTHERS[big]).index(c) for c in (3, 0, 1, 2)] for big in range(4)]
+)
+
+
+def _sum_squares(v: np.ndarray) -> np.ndarray:
+    """[N] the sum of squares of the first 3 columns of ``v`` [N, >= 3], added left to right (as ``sum(-1)``
+    adds 3 values, without its slow reduction along short rows)."""
+    return v[:, 0] * v[:, 0] + v[:, 1] * v[:, 1] + v[:, 2] * v[:, 2]
+
+
 def _unpack(
     name: str, version: int, count: int, degree: int, frac: int, blocks: list, to_rdf: np.ndarray
 ) -> SplatArrays:
+    """The splat of the six attribute blocks (uint8 arrays). Every 8-bit code is decoded through a
+    256-entry table; positions and quaternions are exact in the precision they are computed in."""
     positions, alphas, colors, scales, rotations, sh = blocks
     if version == 1:
-        means = positions.view("<f2").reshape(count, 3).astype(np.float64)
+        means = positions.view("<f2").reshape(count, 3).astype(np.float32)
     else:
-        p = positions.reshape(count * 3, 3).astype(np.int32)
-        fixed = p[:, 0] | (p[:, 1] << 8) | (p[:, 2] << 16)
-        fixed = np.where(fixed & 0x800000, fixed - (1 << 24), fixed)
-        means = (fixed.astype(np.float64) / (1 << frac)).reshape(count, 3)
-    opacity = logit(alphas.astype(np.float64) / 255.0)
-    sh_dc = (colors.reshape(count, 3).astype(np.float64) / 255.0 - 0.5) / COLOR_SCALE
-    log_scales = scales.reshape(count, 3).astype(np.float64) / 16.0 - 10.0
+        p = positions.reshape(count * 3, 3)
+        fixed = p[:, 0].astype(np.int32) | (p[:, 1].astype(np.int32) << 8) | (p[:, 2].astype(np.int32) << 16)
+        fixed = (fixed << 8) >> 8  # sign-extend the 24 bits
+        if frac <= 126:  # a 24-bit integer times 2^-frac is a normal float32: exact
+            means = (fixed.astype(np.float32) * np.float32(2.0**-frac)).reshape(count, 3)
+        else:
+            means = (fixed.astype(np.float64) / 2.0**frac).reshape(count, 3)
+    opacity = _ALPHA[alphas]
+    sh_dc = _COLOR[colors].reshape(count, 3)
+    log_scales = _SCALE[scales].reshape(count, 3)
     if version >= 3:
-        comp = rotations.reshape(count, 4).astype(np.uint32)
-        comp = comp[:, 0] | (comp[:, 1] << 8) | (comp[:, 2] << 16) | (comp[:, 3] << 24)
-        largest = (comp >> 30).astype(np.int64)
-        xyzw = np.zeros((count, 4))
-        others = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])[largest]
-        vals = np.empty((count, 3))
-        for j in (2, 1, 0):  # the last of the three sits in the lowest bits
-            mag = (comp & 511).astype(np.float64) / 511 * np.sqrt(0.5)
-            vals[:, j] = np.where((comp >> 9) & 1, -mag, mag)
+        comp = rotations.view("<u4")
+        largest = (comp >> 30).astype(np.intp)
+        vals = np.empty((count, 4))  # the three stored components, then the largest
+        for j in (2, 1, 0):  # the last of the three sits in the lowest bits: a sign bit, 9 of magnitude
+            vals[:, j] = _SMALLEST_THREE[comp & 1023]
             comp = comp >> 10
-        np.put_along_axis(xyzw, others, vals, axis=1)
-        xyzw[np.arange(count), largest] = np.sqrt(np.maximum(0.0, 1.0 - np.square(vals).sum(-1)))
+        vals[:, 3] = np.sqrt(np.maximum(0.0, 1.0 - _sum_squares(vals)))
+        quats = np.take_along_axis(vals, _WXYZ_FROM[largest], axis=1).astype(np.float32)
     else:
         xyz = rotations.reshape(count, 3).astype(np.float64) / 127.5 - 1.0
-        xyzw = np.concatenate([xyz, np.sqrt(np.maximum(0.0, 1.0 - np.square(xyz).sum(-1)))[:, None]], -1)
-    quats = xyzw[:, [3, 0, 1, 2]]
+        xyzw = np.concatenate([xyz, np.sqrt(np.maximum(0.0, 1.0 - _sum_squares(xyz)))[:, None]], -1)
+        quats = xyzw[:, [3, 0, 1, 2]].astype(np.float32)
     dim = _SH_DIM[degree]
-    sh_rest = (sh.reshape(count, dim, 3).astype(np.float32) - 128.0) / 128.0
+    sh_rest = _SH[sh].reshape(count, dim, 3)
     arrays = finish(name, means, sh_dc, sh_rest, opacity, log_scales, quats)
     if not np.array_equal(to_rdf, np.eye(3)):
         arrays = transform_arrays(arrays, to_rdf)
     return arrays
+
+
+def _quantize_sh(sh_rest: np.ndarray) -> np.ndarray:
+    """[N, K-1, 3] uint8 SPZ codes of the SH bands (coefficient-major, colour inner, as stored):
+    ``round(v * 128) + 128`` rounded to a bucket of 8 (5 bits, degree 1) or 16 (4 bits, above), clipped.
+
+    In float32, in place: every step is exact there (a float32 times 128 is exact, an integer below 2^24
+    plus 128 or a bucket's half is exact, a division by a power of two and its floor too; beyond 2^24 the
+    code clips to 0 or 255 either way), so the codes equal the float64 formula's."""
+    with np.errstate(over="ignore"):  # beyond float32: inf, clipped to 255 (0) as the float64 code is
+        q = np.multiply(sh_rest, np.float32(128.0), dtype=np.float32)
+    np.rint(q, out=q)  # half to even, as np.round
+    bucket = np.full((1, q.shape[1], 1), 16.0, np.float32)  # 4 bits above degree 1
+    bucket[:, :3] = 8.0  # 5 bits for degree 1
+    q += 128.0 + bucket / 2
+    q /= bucket
+    np.floor(q, out=q)
+    q *= bucket
+    np.clip(q, 0, 255, out=q)
+    return q.astype(np.uint8)
 
 
 def encode(arrays: SplatArrays, version: int = LATEST, antialiased: bool = False) -> bytes:
@@ -287,12 +341,7 @@ def encode(arrays: SplatArrays, version: int = LATEST, antialiased: bool = False
         rotations = u8(q[:, :3] * 127.5 + 127.5)
     sh = np.zeros((n, 0), np.uint8)
     if degree:
-        flat = a.sh_rest.astype(np.float64)  # [N, K-1, 3]: coefficient-major, colour inner, as stored
-        q8 = np.round(flat * 128.0) + 128.0
-        bucket = np.full(flat.shape[1], 16.0)  # 4 bits above degree 1
-        bucket[:3] = 8.0  # 5 bits for degree 1
-        q8 = np.floor((q8 + bucket[None, :, None] / 2) / bucket[None, :, None]) * bucket[None, :, None]
-        sh = np.clip(q8, 0, 255).astype(np.uint8).reshape(n, -1)
+        sh = _quantize_sh(a.sh_rest).reshape(n, -1)
     blocks = [positions, alphas, colors, scales, rotations, sh]
     flags = 0x1 if antialiased else 0
     if version < 4:

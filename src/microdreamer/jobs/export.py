@@ -321,6 +321,7 @@ def splat_to_mesh(
     progress: Callable[[float], None] | None = None,
     name: str = "splat",
     settings: dict[str, str] | None = None,
+    box=None,
 ) -> ConvertResult:
     """Density field on ``device`` (the fast CUDA kernel there, the tiled PyTorch path on the CPU) at
     the configured resolution (``"auto"``: from the splat, :func:`~microdreamer.field.auto_resolution`),
@@ -335,7 +336,8 @@ def splat_to_mesh(
     Raises InputError when no Gaussian survives the opacity filter, the field never crosses the
     threshold (with what would help: :func:`no_surface_error`) or no surface survives cleanup.
     ``settings`` says how the user sets ``"threshold"`` and ``"resolution"`` (default: the ``mesh``
-    command's flags), for the messages.
+    command's flags), for the messages. ``box`` (a :class:`~microdreamer.crop.CropBox`, the splat already
+    cropped to it): the density outside it is zeroed and the mesh's vertices clamped into it.
     """
     timer = timer or StageTimer()
     hints = {**SETTINGS, **(settings or {})}
@@ -345,6 +347,10 @@ def splat_to_mesh(
         prepared, grid = prepare_field(splat.to(device), field_config, name)
         check_precision(grid, name)
         values, backend = compute_field(prepared, grid, field_config, backend="auto", progress=progress)
+        if box is not None:
+            from microdreamer.crop import mask_outside
+
+            values = mask_outside(values, grid.origin, grid.spacing, box)
         fld = DensityField(values, grid, len(prepared), field_config.mode, backend)
         values = fld.values  # stays on the device for marching cubes there
     if fld.num_gaussians == 0:
@@ -381,6 +387,10 @@ def splat_to_mesh(
     with timer.stage("mesh"), progress_stage(f"marching cubes and cleanup of the {r}^3 grid"):
         mesh, stats = extract_mesh(values if values.is_cuda else values.numpy(), fld.grid.origin,
                                    fld.grid.spacing, mesh_config)  # fmt: skip
+    if box is not None and not mesh.is_empty:
+        from microdreamer.crop import clamp_into
+
+        mesh = replace(mesh, vertices=clamp_into(mesh.vertices, box))
     if mesh.is_empty:
         raise InputError(
             f"{name}: no surface is left after marching cubes and cleanup at the iso-level "
@@ -430,6 +440,8 @@ def export_mesh(
 
     say = stage or (lambda message: None)
     timer = timer or StageTimer()
+    if config.with_splat and Path(path).suffix.lower() != ".glb":
+        raise InputError(f"{path}: --with-splat writes the splat into a .glb; name the output OUT.glb")
     up = config.up
     if up == "auto":
         from microdreamer.orient import describe_up, resolve_up
@@ -437,6 +449,13 @@ def export_mesh(
         up, how = resolve_up(splat, "auto")
         say(describe_up(up, how))
     splat = upright(splat.to(device), up)
+    box = None
+    if config.crop:
+        from microdreamer.crop import crop_splat, resolve_crop
+
+        box = resolve_crop(splat, config.crop)
+        say(box.describe())
+        splat = crop_splat(splat, box, name)
     if config.scene.enabled:  # a scene in tiles: microdreamer.scene
         from microdreamer.jobs.scene import export_scene
 
@@ -448,9 +467,8 @@ def export_mesh(
             "memory that follows the tile")  # fmt: skip
     config = replace(config, field=resolve_resolution(splat, config.field))
     say(f"density field: {len(splat):,} Gaussians on a {config.field.resolution}^3 grid")
-    conv = splat_to_mesh(
-        splat, config.field, config.mesh, device, timer=timer, progress=progress, name=name, settings=settings
-    )
+    conv = splat_to_mesh(splat, config.field, config.mesh, device, timer=timer, progress=progress, name=name,
+                         settings=settings, box=box)  # fmt: skip
     mesh, texture_stats = conv.mesh, {}
     say(f"marching cubes and cleanup: {mesh.num_faces:,} faces" + (
         f" (decimated to about {config.mesh.decimate_target:,})" if config.mesh.decimate_target else ""))  # fmt: skip
@@ -471,6 +489,15 @@ def export_mesh(
     say(f"writing {path}" + (f" ({what})" if what else ""))
     with timer.stage("export"):
         written = save_mesh(mesh, path)
+        if config.with_splat:  # the mesh's file with every Gaussian added, in the mesh's frame
+            from microdreamer.formats.common import FLIP_LUF, transform_arrays
+            from microdreamer.formats.gltf import add_splat
+            from microdreamer.io_utils import atomic_path
+
+            say(f"adding the splat's {len(splat):,} Gaussians to {path} (KHR_gaussian_splatting)")
+            glb = add_splat(written.read_bytes(), transform_arrays(splat.to_arrays(), FLIP_LUF), str(path))
+            with atomic_path(written) as tmp:
+                tmp.write_bytes(glb)
     return ExportResult(written, mesh, conv, texture_stats, up)
 
 

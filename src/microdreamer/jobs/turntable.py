@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -185,8 +185,10 @@ def render_turntable(
     backend: str = "auto",
     ssaa: int = 2,
     progress: bool = True,
+    say: Callable[[str], None] | None = None,
 ) -> Path:
-    """Render a turntable of ``source`` to ``output`` (.mp4, .gif or .png contact sheet).
+    """Render a turntable of ``source`` to ``output`` (.mp4, .gif or .png contact sheet); a splat is
+    cropped to ``config.crop`` after it is turned upright (``say`` gets the line naming the box).
 
     Args:
         source: a path (see :func:`load_renderable`), a Splat or a Mesh.
@@ -217,6 +219,14 @@ def render_turntable(
     if isinstance(source, str | os.PathLike):
         source = load_renderable(source)
     source = turn_upright(source, config.up)
+    if config.crop:
+        from microdreamer.crop import crop_splat, resolve_crop
+
+        if not hasattr(source, "means"):
+            raise InputError(f"--crop {config.crop}: crops a splat; {output.name}'s input is a mesh")
+        box = resolve_crop(source, config.crop)
+        (say or logger.info)(box.describe())
+        source = crop_splat(source, box)
     count = config.sheet_views if suffix == ".png" else config.frames
     azimuths = [360.0 * k / count for k in range(count)]
     it = turntable_frames(

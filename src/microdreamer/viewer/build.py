@@ -120,16 +120,23 @@ def _ply_header(path: Path) -> tuple[str, int]:
     return fmt, count
 
 
-def _splat_view(path: Path, asset_dir: Path, rel: str) -> View:
+def _splat_view(path: Path, asset_dir: Path, rel: str, crop: str | None = None, say=None) -> View:
     """Copy a 3DGS PLY (re-written as binary little-endian when it is not, and any other splat format
-    re-written as a 3DGS PLY: the browser's reader takes that one) and frame it."""
+    re-written as a 3DGS PLY: the browser's reader takes that one) and frame it; cropped to ``crop``
+    (:mod:`microdreamer.crop`, the splat's own coordinates; ``say`` gets the line naming the box)."""
     from microdreamer.formats import detect_format
     from microdreamer.jobs.turntable import splat_framing
     from microdreamer.splat import read_splat
 
     splat = read_splat(path)
+    if crop:
+        from microdreamer.crop import crop_splat, resolve_crop
+
+        box = resolve_crop(splat, crop)
+        (say or logger.info)(f"{path.name}: {box.describe()}")
+        splat = crop_splat(splat, box, str(path))
     center, radius = splat_framing(splat)
-    plain = detect_format(path) == "ply"
+    plain = detect_format(path) == "ply" and not crop
     target = asset_dir / (path.name if plain else f"{path.name.split('.')[0] or 'splat'}.ply")
     fmt, _ = _ply_header(path) if plain else (None, None)
     if fmt == "binary_little_endian":
@@ -260,8 +267,9 @@ def _folder_json(folder: Path) -> tuple[dict, dict]:
     return seconds, scalars
 
 
-def _input_group(index: int, path: Path, root: Path) -> Group:
-    """Copy one input into ``root / assets`` and describe what the page shows of it."""
+def _input_group(index: int, path: Path, root: Path, crop: str | None = None, say=None) -> Group:
+    """Copy one input into ``root / assets`` and describe what the page shows of it (splats cropped to
+    ``crop``)."""
     from microdreamer.formats import SPLAT_SUFFIXES, is_splat
 
     rel = f"assets/{index}_{re.sub(r'[^A-Za-z0-9._-]+', '_', path.stem or 'input')}"
@@ -271,7 +279,7 @@ def _input_group(index: int, path: Path, root: Path) -> Group:
         meshes = [p for s in MESH_SUFFIXES for p in sorted(path.glob(f"*{s}"))]
         splats = [p for s in SPLAT_SUFFIXES for p in sorted(path.glob(f"*{s}")) if is_splat(p)]
         views = [_mesh_view(p, asset_dir, rel) for p in meshes[:1]]
-        views += [_splat_view(p, asset_dir, rel) for p in splats[:1]]
+        views += [_splat_view(p, asset_dir, rel, crop, say) for p in splats[:1]]
         seconds, scalars = _folder_json(path)
         images = []
         for name in FOLDER_IMAGES:
@@ -285,7 +293,7 @@ def _input_group(index: int, path: Path, root: Path) -> Group:
             )
         return Group(path.name, str(path), "folder", views, seconds, scalars, images)
     if is_splat(path):
-        return Group(path.name, str(path), "splat", [_splat_view(path, asset_dir, rel)])
+        return Group(path.name, str(path), "splat", [_splat_view(path, asset_dir, rel, crop, say)])
     if path.suffix.lower() in MESH_SUFFIXES:
         return Group(path.name, str(path), "mesh", [_mesh_view(path, asset_dir, rel)])
     if path.suffix.lower() == ".ply":
@@ -348,7 +356,13 @@ def _check_out_dir(out_dir: Path) -> None:
 
 
 def build_viewer(
-    paths: list[Path], out_dir: Path, title: str | None = None, *, embed: bool | None = None
+    paths: list[Path],
+    out_dir: Path,
+    title: str | None = None,
+    *,
+    embed: bool | None = None,
+    crop: str | None = None,
+    say=None,
 ) -> Path:
     """Write a viewer folder for ``paths`` into ``out_dir`` (replacing an earlier viewer there).
 
@@ -360,6 +374,8 @@ def build_viewer(
         title: the page's title (default: the inputs' names).
         embed: also write the assets into ``data.js`` so the page works from ``file://``; default:
             when they total at most :data:`EMBED_LIMIT_BYTES`.
+        crop: splats cropped to this box (``X0,Y0,Z0,X1,Y1,Z1`` or ``auto``: :mod:`microdreamer.crop`).
+        say: gets the line naming each crop's box (default: the log).
 
     Returns:
         The path of ``index.html``.
@@ -383,7 +399,7 @@ def build_viewer(
     _check_out_dir(out_dir)
     with staged_folder(out_dir, replace=True) as tmp:  # a viewer folder is replaced whole, or not at all
         tmp.mkdir()
-        groups = [_input_group(i, p, tmp) for i, p in enumerate(paths)]
+        groups = [_input_group(i, p, tmp, crop, say) for i, p in enumerate(paths)]
         total = sum(f.stat().st_size for f in (tmp / "assets").rglob("*") if f.is_file())
         embedded = total <= EMBED_LIMIT_BYTES if embed is None else bool(embed)
         if embedded:
