@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -241,20 +242,30 @@ def test_grouped_paths_are_the_same_bits_with_busy_threads():
     threads stop when the checks end, however long that takes."""
     stop = threading.Event()
 
+    # each busy thread works in bursts and then lets the others run: on 2 cores, three threads that never
+    # yield the GIL or torch's thread pool made the checks take minutes (the point is contention, not
+    # starvation); the products stay small enough for one BLAS thread, the elementwise ops under
+    # torch's parallel grain
     def blas():
-        x = torch.randn(192, 192)
+        x = torch.randn(96, 96)
         while not stop.is_set():
-            x = torch.tanh(x @ x)
+            for _ in range(20):
+                x = torch.tanh(x @ x)
+            time.sleep(0.0005)
 
     def elementwise():
-        x = torch.randn(1 << 16)
+        x = torch.randn(1 << 14)
         while not stop.is_set():
-            x = torch.sin(x) * 1.0001 + 0.5
+            for _ in range(20):
+                x = torch.sin(x) * 1.0001 + 0.5
+            time.sleep(0.0005)
 
     def python():
         n = 0
         while not stop.is_set():
-            n = (n * 31 + 7) % 1000003
+            for _ in range(20000):
+                n = (n * 31 + 7) % 1000003
+            time.sleep(0.0005)
 
     threads = [threading.Thread(target=f, daemon=True) for f in (blas, elementwise, python)]
     for th in threads:
