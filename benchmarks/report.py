@@ -134,8 +134,8 @@ class Headline:
 
 
 HEADLINES = [
-    Headline("`mesh` ghost (17k Gaussians), 2-core CPU", "mesh_cpu_ab_components_ghost.json",
-             lambda: _ab("mesh_cpu_ab_components_ghost.json")),
+    Headline("`mesh` ghost (17k Gaussians), 2-core CPU", "mesh_cpu_ab_session_ghost.json",
+             lambda: _ab("mesh_cpu_ab_session_ghost.json")),
     Headline("`mesh` guitar capture (91k), 2-core CPU", "mesh_cpu_ab_components_guitar.json",
              lambda: _ab("mesh_cpu_ab_components_guitar.json")),
     Headline("`mesh` ghost@128, GPU", "export_h100.json", lambda: _export("export_h100.json", "ghost@128"),
