@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_round.sh export            # bench_export at the open targets' cases
 #   bash benchmarks/gpu_round.sh generate          # generate, the modes, the batch, a single CLI call
 #   bash benchmarks/gpu_round.sh no-compiler       # mesh, generate and reconstruct with nvcc hidden
-#   bash benchmarks/gpu_round.sh round1|round2     # phases grouped into one call each
+#   bash benchmarks/gpu_round.sh startup           # the mesh CLI's wall clock split into parts
+#   bash benchmarks/gpu_round.sh round1|round2|roundA|roundB   # phases grouped into one call each
 #
 # Logs and JSON go to $OUT (the device tool's output folder; ./out elsewhere). On the device there is no
 # network: the packages the image lacks travel as wheels in .whl/ (installed into /tmp/site), the shared
@@ -74,6 +75,12 @@ generate_bench() {
     --json "$OUT/batch_h200.json" 2>&1 | tail -20
 }
 
+mesh_startup() {
+  # where a mesh CLI call's wall clock goes on the GPU (parts in fresh processes, -X importtime)
+  python3 benchmarks/bench_mesh_startup.py ../shared/samples/splats/pc_guitar_91k_sh0.decoded.ply --device cuda \
+    --reps 3 --json "$OUT/mesh_startup_h200.json" 2>&1 | tail -30
+}
+
 no_compiler() {
   # a GPU with no CUDA compiler: nvcc off PATH, CUDA_HOME pointing at no toolkit, an empty extensions cache
   local path
@@ -110,6 +117,18 @@ case "$phase" in
   export) setup && export_bench ;;
   generate) setup && generate_bench ;;
   no-compiler) setup && no_compiler ;;
+  startup) setup && mesh_startup ;;
+  roundA)  # one call: the cold compile, the CUDA tests on its build, the mesh CLI's start-up
+    setup || exit 1
+    first_use
+    export TORCH_EXTENSIONS_DIR=/tmp/ext_cold
+    timeout 300 bash -c "$(declare -f cuda_tests); cuda_tests"
+    timeout 90 bash -c "$(declare -f mesh_startup); mesh_startup" ;;
+  roundB)  # one call on the warm machine: export and generate timings
+    setup || exit 1
+    export TORCH_EXTENSIONS_DIR=/tmp/ext_cold
+    timeout 140 bash -c "$(declare -f export_bench); export_bench"
+    timeout 420 bash -c "$(declare -f generate_bench); generate_bench" ;;
   round2)  # one call: generate's timings
     setup || exit 1
     generate_bench ;;
@@ -120,5 +139,5 @@ case "$phase" in
     timeout 240 bash -c "$(declare -f cuda_tests); cuda_tests"
     timeout 130 bash -c "$(declare -f export_bench); export_bench"
     timeout 120 bash -c "$(declare -f no_compiler); no_compiler" ;;
-  *) echo "usage: $0 setup|first-use|cuda-tests|export|generate|no-compiler|round1|round2" >&2; exit 2 ;;
+  *) echo "usage: $0 setup|first-use|cuda-tests|export|generate|no-compiler|startup|round1|round2|roundA|roundB" >&2; exit 2 ;;
 esac
