@@ -64,12 +64,10 @@ def _border_edges(faces: np.ndarray) -> int:
     return int((counts == 1).sum())
 
 
-@pytest.mark.parametrize("count", [2, 8, 27])
-def test_any_tiling_gives_the_same_mesh(scene, count):
+def _assert_same_mesh(one, many):
+    """``many`` (a tiling) is ``one`` (one tile): the same level, vertices, faces; no crack, no doubled face."""
     from scipy.spatial import cKDTree
 
-    _, results = scene
-    one, many = results[1], results[count]
     assert many.level == one.level  # one iso level for the scene, whatever the tiling
     a, b = one.mesh, many.mesh
     assert (a.num_vertices, a.num_faces) == (b.num_vertices, b.num_faces)
@@ -81,6 +79,79 @@ def test_any_tiling_gives_the_same_mesh(scene, count):
     assert _border_edges(b.faces) == _border_edges(a.faces) == 0  # closed spheres: no crack at the seams
     assert len(_canonical_faces(np.sort(b.faces, axis=1))) == b.num_faces  # no doubled face
     assert many.stats["tiles_with_gaussians"] >= 2
+
+
+@pytest.mark.parametrize("count", [2, 8, 27])
+def test_any_tiling_gives_the_same_mesh(scene, count):
+    _, results = scene
+    _assert_same_mesh(results[1], results[count])
+
+
+def _assert_same_surface(a, b):
+    """Two field implementations' meshes of one scene: fields a few float32 ulps apart give levels within
+    1e-5 of each other and vertices within 1 % of a voxel (a vertex moves by the samples' difference over
+    their slope), the same faces but for a rare sign change at the level."""
+    from scipy.spatial import cKDTree
+
+    assert abs(a.level - b.level) <= 1e-5 * abs(a.level)
+    spacing = a.plan.grid.spacing
+    for x, y in ((a.mesh, b.mesh), (b.mesh, a.mesh)):
+        dist, _ = cKDTree(y.vertices.astype(np.float64)).query(x.vertices.astype(np.float64))
+        assert float(np.quantile(dist, 0.999)) <= 0.01 * spacing and float(dist.max()) <= spacing
+    assert abs(a.mesh.num_faces - b.mesh.num_faces) <= 1e-3 * a.mesh.num_faces
+
+
+def _tilings(splat, **plan_args):
+    """The scene fixture's tilings (1, 2 and 8 tiles) of ``splat`` planned with ``plan_args``, meshed."""
+    plan = plan_scene(splat, FieldConfig(), tile=4096, **plan_args)
+    sx, sy, sz = (s - 1 for s in plan.grid.shape)
+    config = MeshConfig(threshold="auto")
+    counts = {1: sx, 2: max(sy, sz), 8: math.ceil(sx / 2)}
+    return {c: scene_to_mesh(splat, FieldConfig(), config, plan=retile(plan, t)) for c, t in counts.items()}
+
+
+def test_torch_reference_tiles(scene):
+    """The PyTorch reference of the tiles' field (what the CUDA path is checked against) on the CPU: every
+    tiling gives the same welded mesh, and the C++ tiles' surface."""
+    splat, results = scene
+    ref = _tilings(splat, backend="torch")
+    assert ref[1].stats["backend"] == "torch"
+    for count in (2, 8):
+        _assert_same_mesh(ref[1], ref[count])
+    _assert_same_surface(ref[1], results[1])
+
+
+@pytest.mark.cuda
+def test_cuda_tiles(scene):
+    """The CUDA tiles: every tiling gives the same welded mesh on the GPU (a gather in Gaussian order, no
+    atomics), the C++ tiles' surface, and the PyTorch reference's on the GPU."""
+    splat, results = scene
+    gpu = _tilings(splat, device="cuda")
+    assert gpu[1].stats["backend"] == "cuda"
+    for count in (2, 8):
+        _assert_same_mesh(gpu[1], gpu[count])
+    _assert_same_surface(gpu[1], results[1])
+    again = _tilings(splat, device="cuda")[8]
+    assert np.array_equal(again.mesh.faces, gpu[8].mesh.faces)
+    assert np.array_equal(again.mesh.vertices, gpu[8].mesh.vertices)
+    ref = scene_to_mesh(splat, FieldConfig(), MeshConfig(threshold="auto"), tile=4096, device="cuda",
+                        backend="torch")  # fmt: skip
+    _assert_same_surface(gpu[1], ref)
+
+
+@pytest.mark.cuda
+def test_cuda_tiles_with_colours_and_work_folder(tmp_path):
+    """Vertex colours from the GPU's colour field match the CPU's; a resumed GPU run writes the same file."""
+    splat = spheres(SCENE[:4])
+    config = MeshConfig(threshold="auto")
+    cpu = scene_to_mesh(splat, FieldConfig(), config, tile=20, colors=True)
+    gpu = scene_to_mesh(splat, FieldConfig(), config, tile=20, colors=True, device="cuda", work_dir=tmp_path)
+    _assert_same_surface(gpu, cpu)
+    from scipy.spatial import cKDTree
+
+    _, near = cKDTree(cpu.mesh.vertices).query(gpu.mesh.vertices)
+    assert float(np.abs(gpu.mesh.vertex_colors - cpu.mesh.vertex_colors[near]).max()) <= 1e-3
+    assert not list(tmp_path.glob("field_*.npy"))  # a device computes the field again rather than keep it
 
 
 def test_scene_keeps_every_object(scene):

@@ -10,6 +10,8 @@ with ctypes by :mod:`._cpu_backend`; wrappers in :mod:`.cpu`): the density field
 Gaussian rasteriser's forward pass (render backend ``"cpp"``), the bake's back-projection and mesh depth
 raster, and the UV packer's skyline loop. ``csrc/carve.cu`` holds silhouette carving's projected alpha
 (:func:`carve_alpha`; its PyTorch path and the semantics are in :mod:`microdreamer.field.carve`).
+``csrc/gather.cu`` holds the exact field of a scene's tile as a deterministic per-voxel gather
+(:func:`field_gather`; its PyTorch reference and the semantics are in :mod:`microdreamer.field.gather`).
 
 The field kernels (``csrc/fields.cu``):
 
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["carve_alpha", "extract_fields"]
+__all__ = ["carve_alpha", "extract_fields", "field_gather"]
 
 
 def extract_fields(
@@ -130,3 +132,34 @@ def carve_alpha(
     from microdreamer.kernels import _backend
 
     _backend.load().carve_alpha(precision, offset, box, opacity, sums, int(v_size))
+
+
+def field_gather(
+    means: torch.Tensor,
+    transforms: torch.Tensor,
+    opacities: torch.Tensor,
+    box: torch.Tensor,
+    axis: torch.Tensor,
+    limit: float,
+    out: torch.Tensor,
+    brick_start: torch.Tensor,
+    brick_list: torch.Tensor,
+) -> None:
+    """Add ``opacity * exp(-q / 2)`` of N Gaussians to the voxels of their boxes where ``q <= limit``, in place,
+    each voxel's terms summed by one thread in the order of its brick's list (no atomics).
+
+    Args:
+        means: [N, 3] float64; transforms: [N, 3, 3] float64 whitening transforms M, ``q = |M (x - mean)|^2``.
+        opacities: [N] float32.
+        box: [N, 3, 2] int64 first and last voxel per axis (inclusive; clipped to the grid here).
+        axis: [R] float64 grid coordinates along every axis.
+        limit: terms with q above it are dropped.
+        out: [R, R, R] float32, added to.
+        brick_start: [B^3 + 1] int64 list position of each 8^3 brick's first entry (B = ceil(R / 8), bricks
+            row-major, z fastest); brick_list: [M] int32 Gaussian indices, ascending within a brick.
+    """
+    from microdreamer.kernels import _backend
+
+    _backend.load().field_gather(
+        means, transforms, opacities, box, axis, float(limit), out, brick_start, brick_list
+    )

@@ -24,7 +24,7 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().with_name("csrc")
-SOURCES = ("bindings.cpp", "fields.cu", "carve.cu")
+SOURCES = ("bindings.cpp", "fields.cu", "carve.cu", "gather.cu")
 EXTENSION_NAME = "microdreamer_kernels"
 CFLAGS = ["-O3"]
 CUDA_CFLAGS = ["-O3", "-std=c++17"]

@@ -28,6 +28,16 @@ maximum of the tiles' maxima; with a work folder the fields are kept on disk for
 splat's alpha along the grid's three axes, at every :data:`ISO_STRIDE`-th column both ways; tiling
 changes neither.
 
+Devices
+-------
+The plan's tensors stay on the host; ``device`` says where the per-tile work runs (the plan's preparation
+and binning, a chunk of Gaussians at a time; each tile's field, its colour field and the iso level's alpha
+images), and ``backend`` which field implementation (:mod:`microdreamer.field.gather`): ``"cpp"`` on the
+CPU, ``"cuda"`` on a CUDA device (a per-voxel gather in Gaussian order, no atomics: the same invariance
+across tilings) or ``"torch"``, the PyTorch reference, on either. A tile's Gaussians go to the device when
+the tile runs, so device memory follows the tile (and the chunk), not the scene. Marching cubes, the weld
+and the cleanup run on the CPU.
+
 Not (yet) done per tile: silhouette carving (its views look at one object from outside) and the UV
 texture; a tiled mesh is coloured per vertex from the splat's colour field, tile by tile.
 """
@@ -94,6 +104,9 @@ class ScenePlan:
             (last < first: none).
         colors: [N, 3] float32 base colours of the kept Gaussians.
         config: the field settings.
+        device: where the tiles' fields run (the tensors above stay on the host).
+        backend: the tiles' field implementation, :mod:`microdreamer.field.gather`'s ``"cpp"``, ``"cuda"``
+            or ``"torch"``.
     """
 
     grid: SceneGrid
@@ -103,6 +116,8 @@ class ScenePlan:
     boxes: torch.Tensor
     colors: torch.Tensor
     config: FieldConfig
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = "cpp"
     _order: torch.Tensor | None = field(default=None, repr=False)
     _starts: torch.Tensor | None = field(default=None, repr=False)
 
@@ -131,14 +146,13 @@ class ScenePlan:
 
     def _bin(self) -> None:
         """(Gaussian, tile) pairs sorted by tile, Gaussians in order within a tile (in chunks of
-        :data:`PREPARE_CHUNK` Gaussians; int32 ids)."""
-        n_t = torch.tensor(self.tiles)
+        :data:`PREPARE_CHUNK` Gaussians on the plan's device; int32 ids; the lists kept on the host)."""
+        device = self.device
+        n_t = torch.tensor(self.tiles, device=device)
         gids, tids = [], []
         for start in range(0, self.boxes.shape[0], PREPARE_CHUNK):
-            lo, hi = (
-                self.boxes[start : start + PREPARE_CHUNK, :, 0],
-                self.boxes[start : start + PREPARE_CHUNK, :, 1],
-            )
+            chunk = self.boxes[start : start + PREPARE_CHUNK].to(device)
+            lo, hi = chunk[:, :, 0], chunk[:, :, 1]
             valid = (hi >= lo).all(-1)
             # point p lies in tiles ceil(p / T) - 1 .. floor(p / T): a box [lo, hi] touches those from
             # ceil(lo / T) - 1 to floor(hi / T)
@@ -147,8 +161,8 @@ class ScenePlan:
             gid = torch.nonzero(valid).flatten() + start
             ext = (t1 - t0 + 1).clamp_min(0)
             count = ext.prod(-1)
-            rep = torch.repeat_interleave(torch.arange(gid.numel()), count)
-            offset = torch.arange(rep.numel()) - torch.repeat_interleave(
+            rep = torch.repeat_interleave(torch.arange(gid.numel(), device=device), count)
+            offset = torch.arange(rep.numel(), device=device) - torch.repeat_interleave(
                 torch.cumsum(count, 0) - count, count
             )
             e = ext[rep]
@@ -161,22 +175,32 @@ class ScenePlan:
         gid, tid = torch.cat(gids), torch.cat(tids)
         del gids, tids
         order = torch.argsort(tid, stable=True)
-        self._order = gid[order].long()
-        self._starts = torch.searchsorted(tid[order], torch.arange(self.num_tiles + 1, dtype=torch.int32))
+        self._order = gid[order].long().cpu()
+        self._starts = torch.searchsorted(
+            tid[order], torch.arange(self.num_tiles + 1, dtype=torch.int32, device=device)
+        ).cpu()
 
 
 def _prepare_voxel_units(
-    splat: Splat, keep: torch.Tensor, grid: SceneGrid, config: FieldConfig, filter_variance: float
+    splat: Splat,
+    keep: torch.Tensor,
+    grid: SceneGrid,
+    config: FieldConfig,
+    filter_variance: float,
+    device: torch.device | None = None,
+    to_host: bool = True,
 ) -> tuple[PreparedGaussians, torch.Tensor]:
-    """The kept Gaussians in voxel units (float64, rounded once), in chunks: (prepared, boxes)."""
+    """The kept Gaussians in voxel units (float64, rounded once), in chunks computed on ``device`` (default:
+    the splat's) and, with ``to_host``, kept on the host: (prepared, boxes)."""
+    device = splat.means.device if device is None else torch.device(device)
     index = torch.nonzero(keep).flatten()
-    origin = torch.tensor(grid.origin, dtype=torch.float64)
+    origin = torch.tensor(grid.origin, dtype=torch.float64, device=device)
     h = grid.spacing
     c = math.sqrt(config.cutoff_sq)
-    shape = torch.tensor(grid.shape)
+    shape = torch.tensor(grid.shape, device=device)
     parts = []
     for start in range(0, index.numel(), PREPARE_CHUNK):
-        sub = splat.subset(index[start : start + PREPARE_CHUNK])
+        sub = splat.subset(index[start : start + PREPARE_CHUNK]).to(device)
         with torch.no_grad():
             means = (sub.means.double() - origin) / h
             scales = sub.scales().double() / h
@@ -192,11 +216,12 @@ def _prepare_voxel_units(
         mu, rad = m32.double(), r32.double()
         lo = torch.ceil(mu - rad - 1e-9).clamp(min=0).long()
         hi = torch.minimum(torch.floor(mu + rad + 1e-9).long(), shape - 1)
-        parts.append((m32, opac.float(), transforms.float(), r32, torch.stack([lo, hi], -1)))
+        part = (m32, opac.float(), transforms.float(), r32, torch.stack([lo, hi], -1))
+        parts.append(tuple(t.cpu() for t in part) if to_host else part)
     cat = [torch.cat([p[k] for p in parts]) if parts else None for k in range(5)]
     if not parts:
-        z = torch.zeros(0, 3)
-        return PreparedGaussians(z, z[:, 0], z.new_zeros(0, 3, 3), z), torch.zeros(0, 3, 2, dtype=torch.long)
+        z = torch.zeros(0, 3, device=None if to_host else device)
+        return PreparedGaussians(z, z[:, 0], z.new_zeros(0, 3, 3), z), z.new_zeros(0, 3, 2, dtype=torch.long)
     return PreparedGaussians(*(t.contiguous() for t in cat[:4])), cat[4].contiguous()
 
 
@@ -206,6 +231,8 @@ def plan_scene(
     tile: int = 128,
     voxel: float | str = "auto",
     tiles_along_longest: int | None = None,
+    device: str | torch.device = "cpu",
+    backend: str = "auto",
 ) -> ScenePlan:
     """Lay the global grid over ``splat`` (CPU) and cut it into tiles.
 
@@ -218,9 +245,14 @@ def plan_scene(
             :data:`MAX_POINTS` points).
         tiles_along_longest: when given, ``tile`` is chosen so that the grid's longest axis holds this many
             tiles (``--tiles N``).
+        device: where the preparation, the binning and later the tiles run (module docstring).
+        backend: the tiles' field: ``"cpp"`` (CPU), ``"cuda"`` (CUDA device), ``"torch"`` (the reference) or
+            ``"auto"`` (cpp on the CPU; on a CUDA device cuda where the kernels load, else torch).
     """
     if config.mode != "exact":
         raise ValueError("the tiled path computes the exact mode's field (--mode exact)")
+    device = torch.device(device)
+    backend = _resolve_backend(device, backend)
     finite = torch.ones(len(splat), dtype=torch.bool)
     for t in (splat.means, splat.opacity_logits, splat.log_scales, splat.quats):
         finite &= torch.isfinite(t.reshape(len(splat), -1)).all(-1)
@@ -260,10 +292,27 @@ def plan_scene(
         tile = max(1, math.ceil((max(shape) - 1) / tiles_along_longest))
     tile = max(1, min(int(tile), max(shape) - 1))
     tiles = tuple(max(1, math.ceil((s - 1) / tile)) for s in shape)
-    prepared, boxes = _prepare_voxel_units(splat, keep, grid, config, config.filter_variance)
+    prepared, boxes = _prepare_voxel_units(splat, keep, grid, config, config.filter_variance, device)
     with torch.no_grad():
         colors = splat.colors()[keep].float().contiguous()
-    return ScenePlan(grid, tile, tiles, prepared, boxes, colors, config)
+    return ScenePlan(grid, tile, tiles, prepared, boxes, colors, config, device, backend)
+
+
+def _resolve_backend(device: torch.device, backend: str) -> str:
+    """``backend`` for ``device`` (:func:`plan_scene`), ``"auto"`` resolved; raises ValueError on a mismatch."""
+    from microdreamer.field.gather import BACKENDS
+
+    if backend == "auto":
+        if device.type == "cpu":
+            return "cpp"
+        from microdreamer import fallback
+
+        return "cuda" if device.type == "cuda" and fallback.kernels_usable() else "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown tile backend {backend!r}; use auto, {', '.join(BACKENDS)}")
+    if (backend == "cpp" and device.type != "cpu") or (backend == "cuda" and device.type != "cuda"):
+        raise ValueError(f"the {backend} tile backend cannot run on {device}")
+    return backend
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -286,39 +335,47 @@ class MemoryCounter:
 
 
 # ------------------------------------------------------------------------------------------- tiles
-def tile_field(plan: ScenePlan, t: int, counter: MemoryCounter | None = None) -> np.ndarray:
-    """[nx, ny, nz] float32 field of tile ``t`` at its points (:meth:`ScenePlan.tile_points`), the same
-    samples as any other tiling gives (module docstring). The array is a view of a cube of
-    ``max(n) ^ 3`` samples (the kernel's layout)."""
+def _tile_gaussians(plan: ScenePlan, idx: torch.Tensor, start: torch.Tensor):
+    """The Gaussians ``idx`` of the plan shifted by the tile's first point ``start`` [3] int64, on the plan's
+    device: (means [n, 3] float64, transforms [n, 3, 3] float64, opacities [n] float32)."""
+    p, device = plan.prepared, plan.device
+    means = p.means[idx].to(device, non_blocking=True).double() - start.to(device).double()  # exact
+    transforms = p.transforms[idx].to(device, non_blocking=True).double().contiguous()
+    return means, transforms, p.opacities[idx].to(device).contiguous()
+
+
+def tile_values(plan: ScenePlan, t: int, counter: MemoryCounter | None = None) -> torch.Tensor:
+    """:func:`tile_field` as a tensor on the plan's device ([nx, ny, nz] float32, a view of the
+    ``max(n) ^ 3`` cube the field implementation writes)."""
+    from microdreamer.field.gather import field_gather
     from microdreamer.field.torch_impl import _Q_MAX
-    from microdreamer.kernels import cpu
 
     bounds = plan.tile_points(t)
     start = torch.tensor([b[0] for b in bounds])
     sizes = [b[1] - b[0] + 1 for b in bounds]
     side = max(sizes)
-    out = torch.zeros(side, side, side, dtype=torch.float32)
+    out = torch.zeros(side, side, side, dtype=torch.float32, device=plan.device)
     if counter is not None:
         counter.add(out.numel() * 4)
     idx = plan.gaussians_of(t)
     if idx.numel():
-        p = plan.prepared
         box = plan.boxes[idx] - start[None, :, None]
         last = torch.tensor(sizes) - 1
         box[..., 1] = torch.minimum(box[..., 1], last)  # no work outside the grid
         box[..., 0] = box[..., 0].clamp_min(0)
+        means, transforms, opacities = _tile_gaussians(plan, idx, start)
+        axis = torch.arange(side, dtype=torch.float64, device=plan.device)
         limit = min(plan.config.cutoff_sq, _Q_MAX)
-        cpu.field_scatter(
-            p.means[idx].double() - start.double(),  # exact: float32 minus an integer, in float64
-            p.transforms[idx].double().contiguous(),
-            p.opacities[idx].contiguous(),
-            box.contiguous(),
-            torch.arange(side, dtype=torch.float64),
-            limit,
-            out,
-            workers=torch.get_num_threads(),
-        )
-    return out.numpy()[: sizes[0], : sizes[1], : sizes[2]]
+        field_gather(means, transforms, opacities, box.to(plan.device).contiguous(), axis, limit, out,
+                     backend=plan.backend)  # fmt: skip
+    return out[: sizes[0], : sizes[1], : sizes[2]]
+
+
+def tile_field(plan: ScenePlan, t: int, counter: MemoryCounter | None = None) -> np.ndarray:
+    """[nx, ny, nz] float32 field of tile ``t`` at its points (:meth:`ScenePlan.tile_points`), the same
+    samples as any other tiling gives (module docstring). On the CPU the array is a view of a cube of
+    ``max(n) ^ 3`` samples (the kernel's layout); from a device, a copy."""
+    return tile_values(plan, t, counter).cpu().numpy()
 
 
 def _pad_sides(
@@ -465,9 +522,10 @@ def _tile_colors(
     ``c_i`` the base colours) at the vertices, from the tile's Gaussians: the numerator's three channels
     and the denominator scattered by the field kernel onto every :data:`COLOUR_STRIDE`-th grid point (a
     coarser grid, 1 / 8 of the field's work per channel) and interpolated trilinearly, each separately.
-    Where no Gaussian reaches, the colour of the nearest Gaussian centre of the tile."""
+    Where no Gaussian reaches, the colour of the nearest Gaussian centre of the tile. The four grids and
+    the interpolation run on the plan's device."""
+    from microdreamer.field.gather import brick_lists, field_gather
     from microdreamer.field.torch_impl import _Q_MAX
-    from microdreamer.kernels import cpu
 
     idx = plan.gaussians_of(t)
     if idx.numel() == 0:
@@ -481,19 +539,69 @@ def _tile_colors(
     box = plan.boxes[idx] - start[None, :, None]
     box[..., 0] = torch.div(box[..., 0] + k - 1, k, rounding_mode="floor").clamp_min(0)
     box[..., 1] = torch.div(box[..., 1], k, rounding_mode="floor")
-    means = p.means[idx].double() - start.double()
-    transforms = p.transforms[idx].double().contiguous()
-    axis = torch.arange(side, dtype=torch.float64) * k
+    device = plan.device
+    means, transforms, _ = _tile_gaussians(plan, idx, start)
+    box = box.to(device).contiguous()
+    axis = torch.arange(side, dtype=torch.float64, device=device) * k
     limit = min(plan.config.cutoff_sq, _Q_MAX)
     weights = [p.opacities[idx] * plan.colors[idx, c] for c in range(3)] + [p.opacities[idx]]
+    lists = brick_lists(box, side) if plan.backend == "cuda" else None  # the four grids share them
     grids = []
     for w in weights:
-        out = torch.zeros(side, side, side, dtype=torch.float32)
+        out = torch.zeros(side, side, side, dtype=torch.float32, device=device)
         if counter is not None:
             counter.add(out.numel() * 4)
-        cpu.field_scatter(means, transforms, w.contiguous(), box.contiguous(), axis, limit, out,
-                          workers=torch.get_num_threads())  # fmt: skip
-        grids.append(out.numpy())
+        field_gather(means, transforms, w.to(device).contiguous(), box, axis, limit, out, plan.backend, lists)
+        grids.append(out)
+    if device.type != "cpu":
+        acc = _interpolate(torch.stack(grids), vertices, plan, start, k, side)
+    else:
+        acc = _interpolate_numpy([g.numpy() for g in grids], vertices, plan, start, k, side)
+    if counter is not None:
+        counter.sub(4 * side**3 * 4)
+    del grids
+    denom = acc[3]
+    colour = np.zeros((vertices.shape[0], 3), np.float32)
+    seen = denom > 1e-12
+    colour[seen] = (acc[:3, seen] / denom[seen]).T
+    if not seen.all():
+        from scipy.spatial import cKDTree
+
+        local = (vertices[~seen].astype(np.float64) - np.asarray(plan.grid.origin)) / plan.grid.spacing
+        _, near = cKDTree(p.means[idx].numpy()).query(local)
+        colour[~seen] = plan.colors[idx].numpy()[near]
+    return np.clip(colour, 0.0, 1.0).astype(np.float32)
+
+
+def _interpolate(
+    grids: torch.Tensor, vertices: np.ndarray, plan: ScenePlan, start: torch.Tensor, k: int, side: int
+) -> np.ndarray:
+    """[4, V] float64: the trilinear interpolation of ``grids`` [4, side, side, side] float32 (on any device)
+    at the vertices, in float64 as :func:`_interpolate_numpy` computes it."""
+    device = grids.device
+    origin = torch.tensor(plan.grid.origin, dtype=torch.float64, device=device)
+    v = torch.from_numpy(vertices).to(device).double()
+    u = ((v - origin) / plan.grid.spacing - start.to(device).double()) / k
+    u = u.clamp(0.0, side - 1.000001)
+    i0 = torch.floor(u).long()
+    f = u - i0
+    acc = torch.zeros(4, v.shape[0], dtype=torch.float64, device=device)
+    for dx in (0, 1):
+        for dy in (0, 1):
+            for dz in (0, 1):
+                wt = (
+                    (f[:, 0] if dx else 1 - f[:, 0])
+                    * (f[:, 1] if dy else 1 - f[:, 1])
+                    * (f[:, 2] if dz else 1 - f[:, 2])
+                )
+                acc += wt * grids[:, i0[:, 0] + dx, i0[:, 1] + dy, i0[:, 2] + dz].double()
+    return acc.cpu().numpy()
+
+
+def _interpolate_numpy(
+    grids: list[np.ndarray], vertices: np.ndarray, plan: ScenePlan, start: torch.Tensor, k: int, side: int
+) -> np.ndarray:
+    """:func:`_interpolate` of four [side, side, side] float32 arrays, in numpy (the CPU path)."""
     u = ((vertices.astype(np.float64) - np.asarray(plan.grid.origin)) / plan.grid.spacing - start.numpy()) / k
     u = np.clip(u, 0.0, side - 1.000001)
     i0 = np.floor(u).astype(np.int64)
@@ -510,20 +618,7 @@ def _tile_colors(
                 ix, iy, iz = i0[:, 0] + dx, i0[:, 1] + dy, i0[:, 2] + dz
                 for c in range(4):
                     acc[c] += wt * grids[c][ix, iy, iz]
-    if counter is not None:
-        counter.sub(4 * side**3 * 4)
-    del grids
-    denom = acc[3]
-    colour = np.zeros((vertices.shape[0], 3), np.float32)
-    seen = denom > 1e-12
-    colour[seen] = (acc[:3, seen] / denom[seen]).T
-    if not seen.all():
-        from scipy.spatial import cKDTree
-
-        local = (vertices[~seen].astype(np.float64) - np.asarray(plan.grid.origin)) / plan.grid.spacing
-        _, near = cKDTree(p.means[idx].numpy()).query(local)
-        colour[~seen] = plan.colors[idx].numpy()[near]
-    return np.clip(colour, 0.0, 1.0).astype(np.float32)
+    return acc
 
 
 # -------------------------------------------------------------------------------------------- weld
@@ -597,16 +692,29 @@ def _column_alphas(plan: ScenePlan, splat: Splat, stride: int = ISO_STRIDE) -> l
     """The splat's alpha along the grid's three axes at every ``stride``-th column both ways
     ([ceil(n_b / stride), ceil(n_c / stride)] for axis a; the low-pass filter is the grid's, one grid
     spacing a pixel, as :func:`~microdreamer.field.iso.column_alpha` has it). The Gaussians are taken
-    :data:`PREPARE_CHUNK` at a time (bounded memory): ``1 - alpha`` is the product of the chunks' own."""
-    from microdreamer.field.carve import DILATION, projected_alpha
+    :data:`PREPARE_CHUNK` at a time (bounded memory): ``1 - alpha`` is the product of the chunks' own. On a
+    CUDA plan the chunks go to the device and the three images are one launch of the carving kernel
+    (:func:`~microdreamer.field.carve.projected_alphas`, the same float32 terms summed in fixed point)."""
+    from microdreamer.field.carve import DILATION, projected_alpha, projected_alphas
 
     keep = splat.opacities().float() > plan.config.min_opacity
     index = torch.nonzero(keep).flatten()
     sizes = [tuple(-(-plan.grid.shape[b] // stride) for b in range(3) if b != a) for a in range(3)]
-    log_t = [torch.zeros(size, dtype=torch.float64) for size in sizes]
+    device = plan.device
+    log_t = [torch.zeros(size, dtype=torch.float64, device=device) for size in sizes]
+    bases = [torch.eye(3, dtype=torch.float64)[[b for b in range(3) if b != a]] for a in range(3)]
     for start in range(0, index.numel(), PREPARE_CHUNK):
         chunk = torch.zeros_like(keep)
         chunk[index[start : start + PREPARE_CHUNK]] = True
+        if device.type != "cpu":
+            raw, _ = _prepare_voxel_units(splat, chunk, plan.grid, plan.config, 0.0, device, to_host=False)
+            backend = "cuda" if plan.backend == "cuda" else "torch"
+            alphas = projected_alphas(raw, [b.to(device) for b in bases], [((0.0, 0.0), size) for size in sizes],
+                                      float(stride), DILATION / stride**2, backend=backend)  # fmt: skip
+            for a in range(3):
+                log_t[a] += torch.log1p(-alphas[a].double())
+            del raw, alphas
+            continue
         raw, _ = _prepare_voxel_units(splat, chunk, plan.grid, plan.config, 0.0)
         for a in range(3):
             basis = torch.eye(3, dtype=torch.float64)[[b for b in range(3) if b != a]]
@@ -614,7 +722,13 @@ def _column_alphas(plan: ScenePlan, splat: Splat, stride: int = ISO_STRIDE) -> l
                                     dtype=torch.float32)  # fmt: skip
             log_t[a] += torch.log1p(-alpha.double())
         del raw
-    return [(-torch.expm1(t)).float() for t in log_t]
+    return [(-torch.expm1(t)).float().cpu() for t in log_t]
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a stage's seconds include its kernels)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _peak_rss_gib() -> float:
@@ -630,7 +744,7 @@ def _signature(plan: ScenePlan, splat: Splat, threshold, mesh_config: MeshConfig
     for t in (splat.means, splat.opacity_logits, splat.log_scales, splat.quats, splat.sh_dc):
         h.update(t.detach().cpu().contiguous().numpy())  # the buffer itself, no copy
     h.update(json.dumps([plan.grid.origin, plan.grid.spacing, plan.grid.shape, plan.tile, repr(plan.config),
-                         repr(threshold), mesh_config.merge_tolerance, colors]).encode())  # fmt: skip
+                         repr(threshold), mesh_config.merge_tolerance, colors, plan.backend]).encode())  # fmt: skip
     return h.hexdigest()[:16]
 
 
@@ -666,6 +780,8 @@ def scene_to_mesh(
     work_dir: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
     plan: ScenePlan | None = None,
+    device: str | torch.device = "cpu",
+    backend: str = "auto",
 ) -> SceneResult:
     """Mesh a scene tile by tile (module docstring): plan, iso level, tiles, weld, cleanup.
 
@@ -677,11 +793,14 @@ def scene_to_mesh(
             ``remove_cavities``, ``merge_tolerance``, ``decimate_target``; ``carve`` is not applied.
         tile, voxel, tiles_along_longest: the plan (:func:`plan_scene`).
         colors: vertex colours from the splat's colour field, tile by tile.
-        work_dir: a folder keeping the iso level, the first pass's tile fields until their tile is meshed,
-            and each finished tile's piece; a rerun with the same splat and settings loads them instead of
-            computing them again (resume). Without one, the second pass computes each field again.
+        work_dir: a folder keeping the iso level, the first pass's tile fields until their tile is meshed
+            (CPU plans only: a device computes a field again faster than a disk reads it), and each finished
+            tile's piece; a rerun with the same splat and settings loads them instead of computing them
+            again (resume). Without one, the second pass computes each field again.
         progress: called with a one-line message per tile.
-        plan: a plan made before (the other plan arguments are then ignored).
+        plan: a plan made before (the other plan arguments, ``device`` and ``backend`` included, are then
+            ignored).
+        device, backend: where the tiles run and their field implementation (:func:`plan_scene`).
 
     Raises:
         ValueError: no Gaussian above the opacity filter, or no surface at the level.
@@ -694,10 +813,11 @@ def scene_to_mesh(
     start = time.perf_counter()
     splat = splat.to("cpu")
     if plan is None:
-        plan = plan_scene(splat, field_config, tile, voxel, tiles_along_longest)
+        plan = plan_scene(splat, field_config, tile, voxel, tiles_along_longest, device, backend)
     if len(plan.prepared) == 0:
         raise ValueError(f"no Gaussian has opacity above {field_config.min_opacity}; nothing to mesh")
     plan.gaussians_of(0)  # bin now, inside the plan's time
+    _sync(plan.device)
     seconds["plan"] = time.perf_counter() - start
     rss = {"plan": _peak_rss_gib()}
     counter = MemoryCounter()
@@ -709,6 +829,7 @@ def scene_to_mesh(
         f"{plan.num_tiles} tiles of {plan.tile}^3 cells ({len(occupied)} with Gaussians)")  # fmt: skip
 
     work = Path(work_dir) if work_dir is not None else None
+    cache_fields = work is not None and plan.device.type == "cpu"
     signature = _signature(plan, splat, mesh_config.threshold, mesh_config, colors) if work else ""
     state: dict = {}
     if work is not None:
@@ -732,27 +853,28 @@ def scene_to_mesh(
         maxima = [np.zeros([g.shape[b] for b in range(3) if b != a], np.float32) for a in range(3)]
         for n, t in enumerate(occupied):
             t1 = time.perf_counter()
-            cached = work / f"field_{t}.npy" if work is not None else None
+            cached = work / f"field_{t}.npy" if cache_fields else None
             if cached is not None and cached.exists():  # kept by an interrupted run
-                values = np.load(cached)
+                values = torch.from_numpy(np.load(cached))
                 counter.add(max(values.shape) ** 3 * 4)
                 fields_resumed += 1
             else:
-                values = tile_field(plan, t, counter)
+                values = tile_values(plan, t, counter)
                 if cached is not None:  # kept for the second pass
                     with open(cached.with_name(cached.name + ".tmp"), "wb") as f:
-                        np.save(f, values)
+                        np.save(f, values.numpy())
                     os.replace(cached.with_name(cached.name + ".tmp"), cached)
-            seconds["iso_field"] = seconds.get("iso_field", 0.0) + time.perf_counter() - t1
             first = [b[0] for b in plan.tile_points(t)]
             for a in range(3):  # the column maxima of the tile's points, across axis a
                 sl = tuple(slice(first[b], first[b] + values.shape[b]) for b in range(3) if b != a)
-                np.maximum(maxima[a][sl], values.max(a), out=maxima[a][sl])
+                np.maximum(maxima[a][sl], values.amax(a).cpu().numpy(), out=maxima[a][sl])
+            seconds["iso_field"] = seconds.get("iso_field", 0.0) + time.perf_counter() - t1
             counter.sub(max(values.shape) ** 3 * 4)
             del values
             say(f"iso-level pass: tile {n + 1}/{len(occupied)}")
         t1 = time.perf_counter()
         alphas = _column_alphas(plan, splat)
+        _sync(plan.device)
         seconds["iso_alpha"] = time.perf_counter() - t1
         maxima = [torch.from_numpy(np.ascontiguousarray(m[::ISO_STRIDE, ::ISO_STRIDE])) for m in maxima]
         iso = choose_iso_level(maxima, alphas)
@@ -772,13 +894,14 @@ def scene_to_mesh(
             pieces.append(_load_piece(path))
             resumed += 1
         else:
-            cached = work / f"field_{t}.npy" if work is not None else None
+            cached = work / f"field_{t}.npy" if cache_fields else None
             values = np.load(cached) if cached is not None and cached.exists() else None
             piece = tile_mesh(plan, t, iso.level, tolerance, colors, counter, tile_seconds, values)
             del values
             if path is not None:
                 _save_piece(path, piece)
-                cached.unlink(missing_ok=True)
+                if cached is not None:
+                    cached.unlink(missing_ok=True)
             pieces.append(piece)
         say(f"tile {n + 1}/{len(occupied)}: {pieces[-1].faces.shape[0]:,} faces")
     seconds.update(tile_seconds)
@@ -815,6 +938,8 @@ def scene_to_mesh(
         "grid_shape": list(g.shape),
         "voxel": g.spacing,
         "tile_cells": plan.tile,
+        "device": str(plan.device),
+        "backend": plan.backend,
         "seconds": seconds,
         "peak_rss_GiB_after": rss,
     }

@@ -12,6 +12,7 @@
 
 #include "carve.h"
 #include "fields.h"
+#include "gather.h"
 
 namespace {
 
@@ -432,9 +433,56 @@ void carve_alpha(const at::Tensor& precision, const at::Tensor& offset, const at
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// field_gather: adds the exact field of N Gaussians to `out` ([R, R, R] float32), each voxel's terms gathered
+// in the order of its brick's list (microdreamer.kernels.field_gather).
+void field_gather(const at::Tensor& means, const at::Tensor& transforms, const at::Tensor& opacities,
+                  const at::Tensor& box, const at::Tensor& axis, double limit, at::Tensor& out,
+                  const at::Tensor& brick_start, const at::Tensor& brick_list) {
+  const at::Device device = out.device();
+  TORCH_CHECK(device.is_cuda(), "field_gather: out must be a CUDA tensor, got ", device);
+  const int64_t n = means.size(0), r = axis.size(0);
+  check_tensor(means, "means", at::kDouble, device);
+  check_shape(means, "means", {n, 3});
+  check_tensor(transforms, "transforms", at::kDouble, device);
+  check_shape(transforms, "transforms", {n, 3, 3});
+  check_tensor(opacities, "opacities", at::kFloat, device);
+  check_shape(opacities, "opacities", {n});
+  check_tensor(box, "box", at::kLong, device);
+  check_shape(box, "box", {n, 3, 2});
+  check_tensor(axis, "axis", at::kDouble, device);
+  check_shape(axis, "axis", {r});
+  check_tensor(out, "out", at::kFloat, device);
+  check_shape(out, "out", {r, r, r});
+  TORCH_CHECK(r <= 4096, "field_gather: at most 4096 points a side, got ", r);
+  TORCH_CHECK(n < (int64_t(1) << 31), "field_gather: at most 2^31 - 1 Gaussians, got ", n);
+  const int64_t bricks = (r + microdreamer::kBrick - 1) / microdreamer::kBrick;
+  check_tensor(brick_start, "brick_start", at::kLong, device);
+  check_shape(brick_start, "brick_start", {bricks * bricks * bricks + 1});
+  check_tensor(brick_list, "brick_list", at::kInt, device);
+  TORCH_CHECK(brick_list.dim() == 1, "brick_list must have shape [M], got ", sizes_of(brick_list));
+  if (n == 0 || r == 0) return;
+  const c10::cuda::CUDAGuard guard(device);
+  microdreamer::GatherArgs a;
+  a.means = means.data_ptr<double>();
+  a.transforms = transforms.data_ptr<double>();
+  a.opacities = opacities.data_ptr<float>();
+  a.box = box.data_ptr<int64_t>();
+  a.axis = axis.data_ptr<double>();
+  a.brick_start = brick_start.data_ptr<int64_t>();
+  a.brick_list = brick_list.data_ptr<int32_t>();
+  a.n = n;
+  a.resolution = static_cast<int>(r);
+  a.bricks = static_cast<int>(bricks);
+  a.limit = limit;
+  a.out = out.data_ptr<float>();
+  C10_CUDA_CHECK(microdreamer::launch_field_gather(a, c10::cuda::getCurrentCUDAStream(device.index()).stream()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("extract_fields", &extract_fields, "density field on a grid (see microdreamer.kernels.extract_fields)");
+  m.def("field_gather", &field_gather, "the exact field as a deterministic gather (see microdreamer.kernels.field_gather)");
   m.def("carve_alpha", &carve_alpha, "silhouette carving's projected alpha (see microdreamer.kernels.carve_alpha)");
 }
