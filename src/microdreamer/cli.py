@@ -879,16 +879,18 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     iso_note = " (auto: from the splat's alpha)" if conv.iso_method == "auto" else ""
     if carved and conv.iso_method == "auto":
         iso_note = f" (auto: {cfg.mesh.carve_level:g} x the level that matches the splat's alpha)"
-    if conv.backend == "cpp-tiles":
+    if conv.backend.endswith("-tiles"):
         st = conv.mesh_stats
         shape = "x".join(map(str, st["grid_shape"]))
         grid_note = (f" in {st['tiles_with_gaussians']} tiles of {st['tile_cells']}^3 cells, voxel {st['voxel']:.4g}"
                      + (f" (resumed: {st['tiles_resumed']} meshed tiles, {st['fields_resumed']} fields)"
                         if st["tiles_resumed"] or st["fields_resumed"] else ""))  # fmt: skip
         colour = "; coloured per vertex from the splat's colour field" if result.texture_stats else ""
-        print(f"grid: {shape}{grid_note}; iso-level {conv.iso_level:.3g}{iso_note}{colour}")
+        print(f"grid: {shape}{grid_note}, tiles on {st['device']}{gpu} ({st['backend']}); "
+              f"iso-level {conv.iso_level:.3g}{iso_note}{colour}")  # fmt: skip
         peaks = ", ".join(f"{k} {v:.2f}" for k, v in st["peak_rss_GiB_after"].items())
-        print(f"peak RSS (GiB) after: {peaks}")
+        gpu_peak = f"; peak GPU memory {st['peak_gpu_GiB']:.2f} GiB" if "peak_gpu_GiB" in st else ""
+        print(f"peak RSS (GiB) after: {peaks}{gpu_peak}")
     else:
         print(f"grid: {conv.resolution}^3{grid_note}, mode {cfg.field.mode}, backend {conv.backend} on {device}{gpu}; "
           f"iso-level {conv.iso_level:.3g}{iso_note}"

@@ -4,6 +4,10 @@ then the file. What :func:`~microdreamer.jobs.export.export_mesh` runs when ``co
 Colour: the tiled mesh is coloured per vertex from the splat's colour field, tile by tile (bounded
 memory, no UV unwrap, every face kept); the bake's views look at one object from outside, and a UV atlas
 per tile is a later step. ``--texture none`` leaves the mesh uncoloured.
+
+Device: on a CUDA device the tiles' fields, colour fields and iso-level alphas run there
+(:mod:`microdreamer.scene.tiles`, backend ``"cuda"``, or the PyTorch reference where the kernels do not
+load); marching cubes, the weld and the cleanup stay on the CPU.
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ logger = logging.getLogger(__name__)
 #: a dense export of this many Gaussians or more says that ``--tiles`` exists (the dense path held 5.9 GB at
 #: 1.09M and 20 GB at 4M on the CPU; benchmarks/README.md, bench_scene.py)
 SCENE_HINT_GAUSSIANS = 2_000_000
+#: how a stage line names each tile backend
+BACKEND_NAMES = {
+    "cpp": "the C++ field kernel",
+    "cuda": "the CUDA gather kernel",
+    "torch": "the PyTorch field",
+}
 
 
 def export_scene(
@@ -50,8 +60,6 @@ def export_scene(
 
     say = stage or (lambda message: None)
     timer = timer or StageTimer()
-    if torch.device(device).type != "cpu":
-        say("tiles run on the CPU (the C++ field kernel); CUDA tiles are a later step")
     if config.field.mode != "exact":
         raise InputError(f"{name}: --tiles needs --mode exact (the tiled field is the exact mode's)")
     scene = config.scene
@@ -69,9 +77,11 @@ def export_scene(
             colors=colors,
             work_dir=work,
             progress=say,
+            device=device,
         )
     except ValueError as e:
         raise InputError(f"{name}: {e}") from None
+    say(f"tiles ran on {result.plan.device} ({BACKEND_NAMES[result.plan.backend]})")
     for k, v in result.stats["seconds"].items():
         timer.seconds[k] = timer.seconds.get(k, 0.0) + v
     mesh = result.mesh
@@ -83,8 +93,8 @@ def export_scene(
     shutil.rmtree(work, ignore_errors=True)
     g = result.plan.grid
     conv = ConvertResult(
-        mesh, len(splat), len(result.plan.prepared), max(g.shape), "cpp-tiles", float("nan"), result.stats,
-        result.level, result.iso_method, result.iso_iou, None,
+        mesh, len(splat), len(result.plan.prepared), max(g.shape), f"{result.plan.backend}-tiles", float("nan"),
+        result.stats, result.level, result.iso_method, result.iso_iou, None,
     )  # fmt: skip
     texture_stats = {"mode": "vertex colours (colour field)"} if colors else {}
     return ExportResult(written, mesh, conv, texture_stats, up)

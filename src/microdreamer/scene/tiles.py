@@ -943,4 +943,6 @@ def scene_to_mesh(
         "seconds": seconds,
         "peak_rss_GiB_after": rss,
     }
+    if plan.device.type == "cuda":
+        stats["peak_gpu_GiB"] = round(torch.cuda.max_memory_allocated(plan.device) / 2**30, 3)
     return SceneResult(mesh, plan, iso.level, iso.method, iso.iou, stats, counter)
