@@ -1,14 +1,20 @@
 """Scene-scale splats: `microdreamer mesh --tiles auto` against the dense path on scenes built from the
 shared guitar capture (copies on a grid on the ground, each moved and turned by a seeded jitter).
 
-    python benchmarks/bench_scene.py [--gaussians 1000000] [--modes tiles,dense]
+    python benchmarks/bench_scene.py [--gaussians 1000000] [--modes tiles,dense] [--device cpu|cuda]
                                      [--texture field] [--keep DIR] [--out PATH]
+
+    # on a GPU: the tiles in-process (after a warm-up on one guitar) and through the command
+    python benchmarks/bench_scene.py --gaussians 4000000 --modes tiles --device cuda --max-rss 60
 
 Each run is the console command in a child process (start-up, reading and writing included); its peak
 resident memory is the child's own (``os.wait4``'s rusage), its stage seconds the ones it prints; a run
 whose resident memory passes ``--max-rss`` GiB is killed and recorded as such. The dense run is untextured
-by default (``--dense-texture``). Writes
-benchmarks/results/scene_<gaussians>.json with the command and the hardware. Never run a setting expected
+by default (``--dense-texture``). With ``--device cuda`` the tiles are also run in this process
+(:func:`microdreamer.scene.scene_to_mesh` on the scene in memory, once on one guitar first to load the
+kernels), with its stage seconds, wall and peak GPU memory (``torch.cuda.max_memory_allocated``) beside the
+peak resident memory. Writes benchmarks/results/scene_<gaussians / 1000>k.json (on a GPU
+``scene_<n>k_<card>.json``, e.g. ``_h100``) with the command and the hardware. Never run a setting expected
 above ~8 GB resident on a shared machine (the dense path reached 20 GB at 4M).
 """
 
@@ -118,6 +124,9 @@ def run(cmd: list[str], max_rss_gib: float) -> dict:
     m = re.search(r"seconds: (.*)", out)
     stages = {k: float(v) for k, v in (kv.split() for kv in m.group(1).split(", "))} if m else {}
     faces = re.search(r"mesh: (\d+) vertices, (\d+) faces", out)
+    gpu = re.search(r"peak GPU memory ([\d.]+) GiB", out)
+    if gpu:
+        result["peak_gpu_GiB"] = float(gpu.group(1))
     return {
         **result,
         "stage_seconds": stages,
@@ -125,6 +134,56 @@ def run(cmd: list[str], max_rss_gib: float) -> dict:
         "faces": int(faces.group(2)) if faces else None,
         "stdout": out.strip().splitlines(),
     }
+
+
+def card_name() -> str:
+    """A short name of GPU 0 (``h100``, ``h200``, ...; ``cpu`` without one) for the result's file name."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name(0)
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
+    return (m.group(1) if m else re.sub(r"\W+", "_", name)).lower()
+
+
+def in_process(gaussians: int, device: str, colors: bool) -> dict:
+    """:func:`~microdreamer.scene.scene_to_mesh` on :func:`scene_splat`'s scene in this process, with the
+    mesh command's default settings, after one warm-up call on a single guitar: wall and stage seconds,
+    faces, peak GPU memory of the timed call, and this process's peak resident memory (the scene included)."""
+    import resource
+
+    import torch
+
+    from microdreamer.config import ExportConfig
+    from microdreamer.scene import scene_to_mesh
+
+    config = ExportConfig()
+    warm, _, _ = scene_splat(1)
+    scene_to_mesh(warm, config.field, config.mesh, tile=config.scene.tile, colors=colors, device=device)
+    splat, _, _ = scene_splat(gaussians)
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    result = scene_to_mesh(
+        splat, config.field, config.mesh, tile=config.scene.tile, colors=colors, device=device
+    )
+    wall = time.perf_counter() - start
+    out = {
+        "wall_seconds": round(wall, 2),
+        "stage_seconds": {k: round(v, 3) for k, v in result.stats["seconds"].items()},
+        "peak_rss_GiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
+        "faces": result.mesh.num_faces,
+        "vertices": result.mesh.num_vertices,
+        "tiles_with_gaussians": result.stats["tiles_with_gaussians"],
+        "grid_shape": result.stats["grid_shape"],
+        "backend": result.stats["backend"],
+    }
+    if cuda:
+        out["peak_gpu_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    return out
 
 
 def main() -> None:
@@ -136,13 +195,20 @@ def main() -> None:
     ap.add_argument(
         "--dense-texture", default="none", help="the dense run's --texture (its field bake held 15 GB at 1M)"
     )
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the mesh command's --device")
     ap.add_argument("--keep", type=Path, default=None, help="keep the scene, meshes and logs in this folder")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     import tempfile
 
-    out_json = args.out or ROOT / "benchmarks" / "results" / f"scene_{args.gaussians // 1000}k.json"
+    card = f"_{card_name()}" if args.device == "cuda" else ""
+    out_json = args.out or ROOT / "benchmarks" / "results" / f"scene_{args.gaussians // 1000}k{card}.json"
     runs = {}
+    if args.device == "cuda" and "tiles" in args.modes.split(","):
+        runs["in-process"] = in_process(args.gaussians, args.device, args.texture != "none")
+        r = runs["in-process"]
+        print(f"in-process: wall {r['wall_seconds']} s, peak GPU {r['peak_gpu_GiB']} GiB, peak RSS "
+              f"{r['peak_rss_GiB']} GiB, {r['faces']} faces")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -153,7 +219,8 @@ def main() -> None:
         for mode in args.modes.split(","):
             extra = ["--tiles", "auto"] if mode == "tiles" else []
             cmd = [sys.executable, "-m", "microdreamer.cli", "mesh", str(ply), "-o", str(work / f"{mode}.glb"),
-                   "--texture", args.texture if mode == "tiles" else args.dense_texture, *extra]  # fmt: skip
+                   "--texture", args.texture if mode == "tiles" else args.dense_texture, "--device", args.device,
+                   *extra]  # fmt: skip
             result = run(cmd, args.max_rss)
             result["command"] = " ".join(["microdreamer", *cmd[3:]]).replace(str(work), "WORK")
             runs[mode] = result
@@ -166,12 +233,12 @@ def main() -> None:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "runs": runs,
     })  # fmt: skip
-    stages = sorted({k for r in runs.values() for k in r["stage_seconds"]})
+    stages = sorted({k for r in runs.values() for k in r.get("stage_seconds", {})})
     print(f"\n{'stage':<14}" + "".join(f"{m:>12}" for m in runs))
     for k in stages:
         print(f"{k:<14}" + "".join(f"{r.get('stage_seconds', {}).get(k, float('nan')):12.1f}"
                                    for r in runs.values()))  # fmt: skip
-    for key in ("wall_seconds", "peak_rss_GiB", "faces"):
+    for key in ("wall_seconds", "peak_rss_GiB", "peak_gpu_GiB", "faces"):
         print(f"{key:<14}" + "".join(f"{r.get(key)!s:>12}" for r in runs.values()))
     print(f"-> {out_json}")
 
