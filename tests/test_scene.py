@@ -88,16 +88,17 @@ def test_any_tiling_gives_the_same_mesh(scene, count):
 
 
 def _assert_same_surface(a, b):
-    """Two field implementations' meshes of one scene: fields a few float32 ulps apart give levels within
-    1e-5 of each other and vertices within 1 % of a voxel (a vertex moves by the samples' difference over
-    their slope), the same faces but for a rare sign change at the level."""
+    """Two implementations' meshes of one scene: fields a few float32 ulps apart, and alpha images summed
+    in float32 or in fixed point (the GPU's), give auto levels within 1e-3 of each other and vertices within
+    5 % of a voxel (a vertex moves by the samples' or the level's difference over the field's slope), the
+    same faces but for a rare sign change at the level."""
     from scipy.spatial import cKDTree
 
-    assert abs(a.level - b.level) <= 1e-5 * abs(a.level)
+    assert abs(a.level - b.level) <= 1e-3 * abs(a.level)
     spacing = a.plan.grid.spacing
     for x, y in ((a.mesh, b.mesh), (b.mesh, a.mesh)):
         dist, _ = cKDTree(y.vertices.astype(np.float64)).query(x.vertices.astype(np.float64))
-        assert float(np.quantile(dist, 0.999)) <= 0.01 * spacing and float(dist.max()) <= spacing
+        assert float(np.quantile(dist, 0.999)) <= 0.05 * spacing and float(dist.max()) <= spacing
     assert abs(a.mesh.num_faces - b.mesh.num_faces) <= 1e-3 * a.mesh.num_faces
 
 
