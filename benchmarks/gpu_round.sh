@@ -19,6 +19,9 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export PATH=/tmp/bin:$PATH
+# the card in the result files' names (h100, h200), from the GPU actually lent
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oE "[HAB][0-9]{2,3}" | head -1 | tr "A-Z" "a-z")
+export CARD=${CARD:-gpu}
 
 setup() {
   if [ -d .whl ] && [ ! -d /tmp/site/gsplat ]; then  # reinstalling would touch the sources: gsplat rebuilds
@@ -61,24 +64,24 @@ cuda_tests() {
 
 export_bench() {
   python3 benchmarks/bench_export.py --device cuda --cases "${CASES:-ghost@128,guitar@256,synth1M@512}" \
-    --repeat 3 --cli-repeat 2 --chart guitar@256 --out "$OUT/export_h200.json" 2>&1 | tail -40
+    --repeat 3 --cli-repeat 2 --chart guitar@256 --out "$OUT/export_${CARD}.json" 2>&1 | tail -40
 }
 
 generate_bench() {
   # generate at its defaults (3 runs after one model build), the text and image+text modes, the batch's
   # steady state and single CLI calls (start-up included), all on full-size random weights
   python3 benchmarks/bench_generate.py --random-weights full --iters "${ITERS:-21}" --repeats 3 --out /tmp/bg \
-    --json "$OUT/generate_h200.json" 2>&1 | tail -25
-  python3 benchmarks/bench_modes.py --random-weights full --repeats 3 --out /tmp/bm --json "$OUT/modes_h200.json" \
+    --json "$OUT/generate_${CARD}.json" 2>&1 | tail -25
+  python3 benchmarks/bench_modes.py --random-weights full --repeats 3 --out /tmp/bm --json "$OUT/modes_${CARD}.json" \
     2>&1 | tail -15
   python3 benchmarks/bench_batch.py --random-weights full --inputs 6 --singles 2 --no-probes --out /tmp/bb \
-    --json "$OUT/batch_h200.json" 2>&1 | tail -20
+    --json "$OUT/batch_${CARD}.json" 2>&1 | tail -20
 }
 
 mesh_startup() {
   # where a mesh CLI call's wall clock goes on the GPU (parts in fresh processes, -X importtime)
   python3 benchmarks/bench_mesh_startup.py ../shared/samples/splats/pc_guitar_91k_sh0.decoded.ply --device cuda \
-    --reps 3 --json "$OUT/mesh_startup_h200.json" 2>&1 | tail -30
+    --reps 3 --json "$OUT/mesh_startup_${CARD}.json" 2>&1 | tail -30
 }
 
 no_compiler() {
