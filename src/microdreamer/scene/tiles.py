@@ -326,7 +326,7 @@ def fit_tile(prepared: PreparedGaussians, memory: int, largest: int) -> int:
         if tile <= MIN_TILE:
             raise ValueError(
                 f"a memory budget of {memory / 1e9:.3g} GB: one tile of {tile} cells needs about "
-                f"{need / 1e9:.2g} GB (its Gaussians and grid); give --memory {math.ceil(need / 1e8) / 10:g} or more"
+                f"{need / 1e9:.2g} GB (its Gaussians and grid); give --memory {1.1 * need / 1e9:.2g} or more"
             )
         tile = max(MIN_TILE, min(tile - 1, int(tile * 0.85)))
 
