@@ -903,8 +903,8 @@ def scene_to_mesh(
         maxima = [np.zeros([g.shape[b] for b in range(3) if b != a], np.float32) for a in range(3)]
         t1 = time.perf_counter()
         results = map_tiles(tile_maxima, plan, occupied, {"work": work})
-        for n, (t, ((tile_max, loaded), memory, part)) in enumerate(zip(occupied, results, strict=True)):
-            _merge_memory(counter, memory)
+        for n, (t, ((tile_max, loaded), used, part)) in enumerate(zip(occupied, results, strict=True)):
+            _merge_memory(counter, used)
             _add_seconds(worker_seconds, part)
             fields_resumed += int(loaded)
             first = [b[0] for b in plan.tile_points(t)]
@@ -932,8 +932,8 @@ def scene_to_mesh(
     tile_seconds: dict[str, float] = {}
     pieces, resumed = [], 0
     kwargs = {"level": iso.level, "tolerance": tolerance, "colors": colors, "work": work}
-    for n, ((piece, loaded), memory, part) in enumerate(map_tiles(tile_piece, plan, occupied, kwargs)):
-        _merge_memory(counter, memory)
+    for n, ((piece, loaded), used, part) in enumerate(map_tiles(tile_piece, plan, occupied, kwargs)):
+        _merge_memory(counter, used)
         _add_seconds(tile_seconds, part)
         resumed += int(loaded)
         pieces.append(piece)
