@@ -1,16 +1,22 @@
 """Scene-scale splats: `microdreamer mesh --tiles auto` against the dense path on scenes built from the
 shared guitar capture (copies on a grid on the ground, each moved and turned by a seeded jitter).
 
-    python benchmarks/bench_scene.py [--gaussians 1000000] [--modes tiles,dense] [--device cpu|cuda]
+    python benchmarks/bench_scene.py [--gaussians 1000000] [--modes tiles,tiles-w2,dense] [--device cpu|cuda]
                                      [--texture field] [--keep DIR] [--out PATH]
 
     # on a GPU: the tiles in-process (after a warm-up on one guitar) and through the command
     python benchmarks/bench_scene.py --gaussians 4000000 --modes tiles --device cuda --max-rss 60
 
+Modes: ``tiles`` (``--tiles auto``), ``tiles-wN`` (the same on N Ray workers of a local cluster:
+``--workers N``, its start-up included), ``dense``.
+
 Each run is the console command in a child process (start-up, reading and writing included); its peak
 resident memory is the child's own (``os.wait4``'s rusage), its stage seconds the ones it prints; a run
-whose resident memory passes ``--max-rss`` GiB is killed and recorded as such. The dense run is untextured
-by default (``--dense-texture``). With ``--device cuda`` the tiles are also run in this process
+whose resident memory passes ``--max-rss`` GiB is killed and recorded as such. The Ray workers are not the
+child's children in rusage's sense: ``peak_tree_rss_GiB`` is the largest sum of the resident memory of the
+child and all its descendants (the raylet, the workers), sampled every 0.2 s (shared pages, the object
+store's among them, counted once per process). The dense run is untextured by default
+(``--dense-texture``). With ``--device cuda`` the tiles are also run in this process
 (:func:`microdreamer.scene.scene_to_mesh` on the scene in memory, once on one guitar first to load the
 kernels), with its stage seconds, wall and peak GPU memory (``torch.cuda.max_memory_allocated``) beside the
 peak resident memory. Writes benchmarks/results/scene_<gaussians / 1000>k.json (on a GPU
@@ -80,9 +86,32 @@ def build_scene(path: Path, gaussians: int, seed: int = 0, gap: float = 1.3) -> 
     return info
 
 
+def _tree_rss_kib(root: int) -> int:
+    """KiB resident in process ``root`` and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        pid = int(entry.name)
+        children.setdefault(int(fields.get("PPid", "0").strip() or 0), []).append(pid)
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
 def run(cmd: list[str], max_rss_gib: float) -> dict:
     """The command's wall seconds, its own peak RSS (GiB, ``os.wait4``'s rusage of this child), its stdout
-    and its stage seconds. A watchdog kills it when its resident memory passes ``max_rss_gib``
+    and its stage seconds. A watchdog kills it when its (and its descendants') resident memory passes ``max_rss_gib``
     (``killed_above_GiB`` is then set)."""
     import threading
 
@@ -95,28 +124,24 @@ def run(cmd: list[str], max_rss_gib: float) -> dict:
     for r in readers:
         r.start()
     killed = None
+    tree_peak = 0
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
-        try:
-            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-                if (
-                    line.startswith("VmRSS:")
-                    and int(line.split()[1]) > max_rss_gib * 2**20
-                    and killed is None
-                ):
-                    proc.kill()
-                    killed = max_rss_gib
-        except OSError:
-            pass
+        tree = _tree_rss_kib(proc.pid)
+        tree_peak = max(tree_peak, tree)
+        if tree > max_rss_gib * 2**20 and killed is None:
+            proc.kill()
+            killed = max_rss_gib
         time.sleep(0.2)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     for r in readers:
         r.join()
     out, err = streams.get("out", ""), streams.get("err", "")
-    result = {"wall_seconds": round(wall, 1), "peak_rss_GiB": round(usage.ru_maxrss / 2**20, 3)}
+    result = {"wall_seconds": round(wall, 1), "peak_rss_GiB": round(usage.ru_maxrss / 2**20, 3),
+              "peak_tree_rss_GiB": round(tree_peak / 2**20, 3)}  # fmt: skip
     if killed is not None:
         return {**result, "killed_above_GiB": killed, "log_tail": err.strip().splitlines()[-5:]}
     if proc.returncode != 0:
@@ -189,7 +214,7 @@ def in_process(gaussians: int, device: str, colors: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gaussians", type=int, default=1_000_000)
-    ap.add_argument("--modes", default="tiles,dense", help="comma-separated: tiles, dense")
+    ap.add_argument("--modes", default="tiles,dense", help="comma-separated: tiles, tiles-wN, dense")
     ap.add_argument("--texture", default="field", help="the mesh command's --texture (tiles: vertex colours)")
     ap.add_argument("--max-rss", type=float, default=7.5, help="kill a run above this many GiB resident")
     ap.add_argument(
@@ -217,10 +242,12 @@ def main() -> None:
         built = build_scene(ply, args.gaussians)
         built["build_seconds"] = round(time.perf_counter() - t, 1)
         for mode in args.modes.split(","):
-            extra = ["--tiles", "auto"] if mode == "tiles" else []
+            extra = ["--tiles", "auto"] if mode.startswith("tiles") else []
+            if mode.startswith("tiles-w"):
+                extra += ["--workers", mode.removeprefix("tiles-w")]
             cmd = [sys.executable, "-m", "microdreamer.cli", "mesh", str(ply), "-o", str(work / f"{mode}.glb"),
-                   "--texture", args.texture if mode == "tiles" else args.dense_texture, "--device", args.device,
-                   *extra]  # fmt: skip
+                   "--texture", args.texture if mode.startswith("tiles") else args.dense_texture,
+                   "--device", args.device, *extra]  # fmt: skip
             result = run(cmd, args.max_rss)
             result["command"] = " ".join(["microdreamer", *cmd[3:]]).replace(str(work), "WORK")
             runs[mode] = result
@@ -238,7 +265,7 @@ def main() -> None:
     for k in stages:
         print(f"{k:<14}" + "".join(f"{r.get('stage_seconds', {}).get(k, float('nan')):12.1f}"
                                    for r in runs.values()))  # fmt: skip
-    for key in ("wall_seconds", "peak_rss_GiB", "peak_gpu_GiB", "faces"):
+    for key in ("wall_seconds", "peak_rss_GiB", "peak_tree_rss_GiB", "peak_gpu_GiB", "faces"):
         print(f"{key:<14}" + "".join(f"{r.get(key)!s:>12}" for r in runs.values()))
     print(f"-> {out_json}")
 

@@ -107,6 +107,7 @@ COMMANDS = (
             Flag("--up", "up"),
             Flag("--tiles", "scene.tiles", "off|auto|N"),
             Flag("--voxel", "scene.voxel", "SIZE|auto"),
+            Flag("--memory", "scene.memory", "GB|auto"),
             Flag("--crop", "crop", "BOX|auto"),
         ),
         batch=True,
@@ -329,11 +330,12 @@ EXTRA = {
         "--overwrite": ({"action": "store_true", "help": "batches: redo inputs whose outputs exist (default: "
                                                          "skip them)"}, None),
         "--workers": ({"type": _ranged(1, 4096, "a worker count"), "default": None, "metavar": "N",
-                       "help": "batches: run on N Ray workers (a local cluster: one per GPU, or CPU workers "
-                               "when there is no GPU); needs the distributed extra"}, "N"),
+                       "help": "batches (and mesh --tiles: the tiles): run on N Ray workers (a local "
+                               "cluster: one per GPU, or CPU workers when there is no GPU); needs the "
+                               "distributed extra"}, "N"),
         "--ray-address": ({"default": None, "metavar": "ADDR",
-                           "help": "batches: run on the existing Ray cluster at ADDR (host:port or auto); "
-                                   "--workers defaults to its GPUs"}, "ADDR"),
+                           "help": "batches (and mesh --tiles): run on the existing Ray cluster at ADDR "
+                                   "(host:port or auto); --workers defaults to its GPUs"}, "ADDR"),
     }.items()},
     ("generate", "--no-refine"): ({"action": "store_true",
                                    "help": "skip stage 2 (the texture refined against the prior)"}, None),
@@ -741,13 +743,18 @@ def _seconds(seconds: dict[str, float], digits: int = 3) -> str:
 # ------------------------------------------------------------------------------------------- commands
 
 
-def _batch_requested(args: argparse.Namespace, sources: list[str], folder_output: bool = False) -> bool:
+def _batch_requested(
+    args: argparse.Namespace, sources: list[str], folder_output: bool = False, tiles: bool | None = None
+) -> bool:
     """A batch: several inputs, a folder, or (mesh) an output folder; else today's single-input command.
-    ``--workers`` / ``--ray-address`` need a batch."""
+    ``--workers`` / ``--ray-address`` need a batch, or (mesh, ``tiles`` not None) a scene in tiles."""
     batch = len(sources) > 1 or any(Path(s).is_dir() for s in sources) or folder_output
-    if not batch and (args.workers is not None or args.ray_address):
+    if not batch and not tiles and (args.workers is not None or args.ray_address):
         flag = "--workers" if args.workers is not None else "--ray-address"
-        raise InputError(f"{flag}: runs batches; give several inputs or a folder (one input runs here)")
+        if tiles is None:
+            raise InputError(f"{flag}: runs batches; give several inputs or a folder (one input runs here)")
+        raise InputError(f"{flag}: runs batches or a scene's tiles; give several inputs, a folder, or "
+                         "--tiles auto|N (--tiles off runs here)")  # fmt: skip
     return batch
 
 
@@ -829,7 +836,8 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
     folder_output = args.output.endswith(("/", os.sep)) or (
         Path(args.output).is_dir() and Path(args.output).suffix.lower() not in config.MESH_FORMATS
     )  # a folder named x.glb is refused as the output of one conversion, not taken for a batch
-    if _batch_requested(args, sources, folder_output):
+    tiles = job_config(args).scene.enabled
+    if _batch_requested(args, sources, folder_output, tiles):
         if Path(args.output).suffix.lower() in config.MESH_FORMATS and not folder_output:
             raise InputError(f"-o {args.output}: a batch writes one mesh per splat; give an output folder "
                              "(-o DIR/)")  # fmt: skip
@@ -839,6 +847,14 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
         return _run_batch(args, MeshJob(cfg, args.device), sources, cfg)
     args.splat = sources[0]
     cfg = dataclasses.replace(job_config(args), with_splat=args.with_splat)  # checked before reading anything
+    if args.workers is not None or args.ray_address:  # the scene's tiles on Ray workers
+        from microdreamer.jobs import batch
+
+        batch.import_ray("--workers" if args.workers is not None else "--ray-address")  # one line, first
+        if args.ray_address:
+            batch.check_ray_address(args.ray_address)  # bounded, before the splat is read
+        scene = dataclasses.replace(cfg.scene, workers=args.workers, ray_address=args.ray_address)
+        cfg = dataclasses.replace(cfg, scene=scene)
     out = _check_mesh_output(args, cfg)
     arrays, bad_input, read_s, started = _read_splat_before_torch(args.splat)
     t = time.perf_counter()

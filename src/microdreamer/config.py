@@ -1108,12 +1108,21 @@ class SceneConfig(Config):
         tile: cells per tile side with ``tiles = "auto"`` (a tile's field is (tile + 1)^3 float32).
         voxel: the global grid's spacing in the splat's units, or ``"auto"``: 0.8 times the median of the
             Gaussians' largest scales (``scene.tiles.VOXEL_FACTOR``), no resolution cap.
+        memory: GB one tile's work may take per worker (its field, Gaussians and marching cubes' arrays),
+            or ``"auto"``: a quarter of the free memory shared by the workers; the tile is made smaller
+            where ``tile`` would not fit.
+        workers: spread the tiles over this many Ray workers (None: this process).
+        ray_address: the tiles' Ray cluster ("host:port" or "auto"; None: a local one).
     """
 
     tiles: int | str = setting("off", "off: one dense grid; auto or N: the scene meshed in tiles (N along "
                                "its longest axis) on one grid whose voxel follows the Gaussians")  # fmt: skip
     tile: int = 128
     voxel: float | str = setting("auto", "tiled mode's voxel size in the splat's units, or auto")
+    memory: float | str = setting("auto", "tiled mode's memory budget per worker in GB, or auto (a quarter "
+                                  "of the free memory shared by the workers)")  # fmt: skip
+    workers: int | None = None
+    ray_address: str | None = None
 
     def validate(self) -> None:
         if isinstance(self.tiles, str):
@@ -1125,6 +1134,12 @@ class SceneConfig(Config):
             self.require("voxel", self.voxel == "auto", "must be a positive number or auto")
         else:
             self.require("voxel", self.voxel > 0.0, "must be a positive number or auto")
+        if isinstance(self.memory, str):
+            self.require("memory", self.memory == "auto", "must be a number of GB above 0, or auto")
+        else:
+            self.require("memory", 0.0 < self.memory < 1e6, "must be a number of GB above 0, or auto")
+        if self.workers is not None:
+            self.require("workers", self.workers >= 1, "must be at least 1")
 
     @property
     def enabled(self) -> bool:

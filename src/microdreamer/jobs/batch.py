@@ -27,6 +27,7 @@ this module imports no torch; the jobs import their stages in :meth:`~BatchJob.s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -531,38 +532,31 @@ def check_ray_address(address: str, timeout: float = RAY_CONNECT_S) -> None:
                          "cluster (ray start --head) or check the address") from None  # fmt: skip
 
 
-def run_ray(
-    job: BatchJob,
-    items: Sequence[BatchItem],
-    overwrite: bool = False,
-    report: Report | None = None,
+@contextlib.contextmanager
+def ray_cluster(
     workers: int | None = None,
     address: str | None = None,
+    device: str = "auto",
     init_kwargs: dict | None = None,
-) -> BatchReport:
-    """Run ``items`` on Ray: ``workers`` actors, each set up once, fed from one queue (ActorPool).
+):
+    """Ray, connected, and how its workers are laid out: yields ``(ray, workers, resources)``, the actors'
+    count and their ``ray.remote`` resources (one GPU each, or one CPU each where the cluster has no GPU,
+    or where ``device`` is "cpu").
 
     Args:
-        job, items, overwrite, report: as in :func:`run_local`.
-        workers: actors to start. Default: one per GPU of the cluster (required when it has none).
-        address: an existing cluster ("auto" or "host:port"); None starts a local one (stopped at the
-            end) with a CPU slot per worker, and its GPUs.
+        workers: actors the caller will start. Default: one per GPU of the cluster (required when it has
+            none).
+        address: an existing cluster ("auto" or "host:port"); None starts a local one with a CPU slot per
+            worker (at least one per core), and its GPUs. A cluster this call started is stopped on exit;
+            one already initialised in this process is used as it is and left running.
+        device: "auto", "cpu" or "cuda" (refused on a cluster without a GPU).
         init_kwargs: more ``ray.init`` arguments (tests).
 
     Raises:
-        InputError: Ray missing, more workers than GPUs, no worker count for a CPU cluster, or a
-            worker's setup failed (its one line).
+        InputError: Ray missing, a worker count below 1, more workers than GPUs, no worker count for a
+            CPU cluster, or no cluster at ``address``.
     """
     ray = import_ray("--ray-address" if address and workers is None else "--workers")
-    from ray.util import ActorPool
-
-    start = time.perf_counter()
-    todo, results = _split_done(job, items, overwrite, report)
-    n = len(items)
-    if not todo:
-        return BatchReport(
-            job.kind, [results[i] for i in range(n)], [], time.perf_counter() - start, 0, "ray"
-        )
     if workers is not None and workers < 1:
         raise InputError(f"--workers {workers}: must be at least 1")
     kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, **(init_kwargs or {})}
@@ -581,7 +575,6 @@ def run_ray(
                                  "(ray start --head) or leave out --ray-address") from None  # fmt: skip
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
-        device = getattr(job, "device", "auto")
         if workers is None:
             if not gpus:
                 raise InputError(
@@ -595,6 +588,42 @@ def run_ray(
         if not gpus and device == "cuda":
             raise InputError("--device cuda: the Ray cluster has no GPU; use --device auto or cpu")
         resources = {"num_gpus": 1} if gpus and device != "cpu" else {"num_cpus": 1}
+        yield ray, workers, resources
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_ray(
+    job: BatchJob,
+    items: Sequence[BatchItem],
+    overwrite: bool = False,
+    report: Report | None = None,
+    workers: int | None = None,
+    address: str | None = None,
+    init_kwargs: dict | None = None,
+) -> BatchReport:
+    """Run ``items`` on Ray: ``workers`` actors, each set up once, fed from one queue (ActorPool).
+
+    Args:
+        job, items, overwrite, report: as in :func:`run_local`.
+        workers, address, init_kwargs: the cluster (:func:`ray_cluster`).
+
+    Raises:
+        InputError: as :func:`ray_cluster`, or a worker's setup failed (its one line).
+    """
+    import_ray("--ray-address" if address and workers is None else "--workers")
+    from ray.util import ActorPool
+
+    start = time.perf_counter()
+    todo, results = _split_done(job, items, overwrite, report)
+    n = len(items)
+    if not todo:
+        return BatchReport(
+            job.kind, [results[i] for i in range(n)], [], time.perf_counter() - start, 0, "ray"
+        )
+    device = getattr(job, "device", "auto")
+    with ray_cluster(workers, address, device, init_kwargs) as (ray, workers, resources):
         actor_cls = ray.remote(max_restarts=-1, max_task_retries=1, **resources)(_Worker)
         actors = [actor_cls.remote(job) for _ in range(min(workers, len(todo)))]
         setup = []
@@ -622,9 +651,6 @@ def run_ray(
                                     error=f"{item.input}: not run, every worker was lost")  # fmt: skip
             if report:
                 report(results[i], len(results), n)
-    finally:
-        if started:
-            ray.shutdown()
     ordered = [results[i] for i in range(n)]
     return BatchReport(job.kind, ordered, setup, time.perf_counter() - start, len(setup), "ray")
 

@@ -12,6 +12,7 @@ load); marching cubes, the weld and the cleanup stay on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -37,6 +38,20 @@ BACKEND_NAMES = {
     "cuda": "the CUDA gather kernel",
     "torch": "the PyTorch field",
 }
+#: ``--memory auto``: this share of the free memory, split over the workers, for the tiles' work (the
+#: rest for the plan each worker holds, the pieces and the welded mesh)
+MEMORY_SHARE = 0.25
+
+
+def memory_budget(memory: float | str, workers: int = 1) -> int:
+    """Bytes one tile's work may take per worker: ``memory`` GB, or for ``"auto"``
+    :data:`MEMORY_SHARE` of this machine's free memory over the ``workers`` (on a cluster of several
+    machines, this machine's free memory stands in for each node's)."""
+    if memory != "auto":
+        return int(float(memory) * 1e9)
+    from microdreamer.io_utils import free_host_memory
+
+    return int(MEMORY_SHARE * free_host_memory() / max(1, workers))
 
 
 def export_scene(
@@ -53,7 +68,10 @@ def export_scene(
     :class:`~microdreamer.jobs.export.ExportResult`.
 
     Finished tiles are kept in ``<path>.tiles/`` while the run lasts: a rerun after an interruption, with
-    the same splat and settings, resumes from them; the folder is removed once the file is written.
+    the same splat and settings, resumes from them; the folder is removed once the file is written. With
+    ``config.scene.workers`` or ``ray_address`` the tiles run on Ray workers
+    (:class:`~microdreamer.jobs.scene_ray.RayTiles`); the tile is capped by ``config.scene.memory``
+    (:func:`memory_budget`).
     """
     from microdreamer.jobs.export import ConvertResult, ExportResult
     from microdreamer.scene import scene_to_mesh
@@ -66,21 +84,35 @@ def export_scene(
     colors = config.texture.mode != "none"
     path = Path(path)
     work = path.with_name(path.name + ".tiles")
-    try:
-        result = scene_to_mesh(
-            splat.to("cpu"),
-            config.field,
-            config.mesh,
-            tile=scene.tile,
-            voxel=scene.voxel,
-            tiles_along_longest=scene.tiles if isinstance(scene.tiles, int) else None,
-            colors=colors,
-            work_dir=work,
-            progress=say,
-            device=device,
-        )
-    except ValueError as e:
-        raise InputError(f"{name}: {e}") from None
+    distributed = scene.workers is not None or scene.ray_address is not None
+    if distributed:
+        from microdreamer.jobs.scene_ray import RayTiles
+
+        runner = RayTiles(scene.workers, scene.ray_address, torch.device(device).type)
+    else:
+        runner = contextlib.nullcontext()
+    with runner as map_tiles:
+        workers = map_tiles.workers if distributed else 1
+        memory = memory_budget(scene.memory, workers)
+        if distributed:
+            say(f"tiles on {workers} Ray worker(s), {map_tiles.threads} thread(s) each")
+        try:
+            result = scene_to_mesh(
+                splat.to("cpu"),
+                config.field,
+                config.mesh,
+                tile=scene.tile,
+                voxel=scene.voxel,
+                tiles_along_longest=scene.tiles if isinstance(scene.tiles, int) else None,
+                colors=colors,
+                work_dir=work,
+                progress=say,
+                device=device,
+                map_tiles=map_tiles,
+                memory=memory,
+            )
+        except ValueError as e:
+            raise InputError(f"{name}: {e}") from None
     say(f"tiles ran on {result.plan.device} ({BACKEND_NAMES[result.plan.backend]})")
     for k, v in result.stats["seconds"].items():
         timer.seconds[k] = timer.seconds.get(k, 0.0) + v

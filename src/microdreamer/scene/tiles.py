@@ -50,9 +50,10 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,6 +80,17 @@ COLOUR_STRIDE = 2
 #: the auto iso level is chosen from every ISO_STRIDE-th column of each axis, both ways (the pooled IoU's
 #: statistic on a quarter of the columns: the alpha images cost a quarter)
 ISO_STRIDE = 2
+#: the smallest tile a memory budget may choose (cells a side; :class:`~microdreamer.config.SceneConfig`'s)
+MIN_TILE = 8
+#: one tile's work, bytes per point of its padded (tile + 3)^3 cube: the field and its padded copy
+#: (float32), marching cubes' masks (bool), the colour grids (4 float32 at every 2nd point): measured,
+#: then rounded up (benchmarks/README.md, "Scenes on Ray workers")
+TILE_BYTES_PER_POINT = 16
+#: bytes per Gaussian binned to the tile: its parameters gathered in float64 for the kernel, the boxes
+TILE_BYTES_PER_GAUSSIAN = 400
+#: bytes per (tile + 1)^2: the surface's vertices, faces, edge keys and merge candidates (the densest
+#: tiles of the guitar scene hold about 6 faces per cell of a side's area, ~200 bytes a face alive)
+TILE_BYTES_PER_AREA = 1600
 
 
 @dataclass(frozen=True)
@@ -233,6 +245,7 @@ def plan_scene(
     tiles_along_longest: int | None = None,
     device: str | torch.device = "cpu",
     backend: str = "auto",
+    memory: int | None = None,
 ) -> ScenePlan:
     """Lay the global grid over ``splat`` (CPU) and cut it into tiles.
 
@@ -248,6 +261,12 @@ def plan_scene(
         device: where the preparation, the binning and later the tiles run (module docstring).
         backend: the tiles' field: ``"cpp"`` (CPU), ``"cuda"`` (CUDA device), ``"torch"`` (the reference) or
             ``"auto"`` (cpp on the CPU; on a CUDA device cuda where the kernels load, else torch).
+        memory: bytes one tile's work may take (``--memory``): the tile is made smaller where the
+            estimate of its densest tile's work (:func:`tile_memory`) passes it.
+
+    Raises:
+        ValueError: bad Gaussians, a voxel too small, or a budget that not even a tile of
+            :data:`MIN_TILE` cells fits.
     """
     if config.mode != "exact":
         raise ValueError("the tiled path computes the exact mode's field (--mode exact)")
@@ -288,11 +307,13 @@ def plan_scene(
     shape = tuple(int(v) for v in torch.ceil((hi + margin - origin) / h).long() + 1)
     shape = tuple(max(2, s) for s in shape)
     grid = SceneGrid(tuple(float(v) for v in origin), float(h), shape)
+    prepared, boxes = _prepare_voxel_units(splat, keep, grid, config, config.filter_variance, device)
     if tiles_along_longest is not None:
         tile = max(1, math.ceil((max(shape) - 1) / tiles_along_longest))
     tile = max(1, min(int(tile), max(shape) - 1))
+    if memory is not None:
+        tile = min(tile, fit_tile(prepared, memory, tile))
     tiles = tuple(max(1, math.ceil((s - 1) / tile)) for s in shape)
-    prepared, boxes = _prepare_voxel_units(splat, keep, grid, config, config.filter_variance, device)
     with torch.no_grad():
         colors = splat.colors()[keep].float().contiguous()
     return ScenePlan(grid, tile, tiles, prepared, boxes, colors, config, device, backend)
@@ -316,6 +337,49 @@ def _resolve_backend(device: torch.device, backend: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ memory
+def tile_memory(tile: int, gaussians: int) -> int:
+    """Estimated peak bytes of one tile's work (field, marching cubes, colours) at ``tile`` cells a side
+    with ``gaussians`` binned to it, on top of the plan every worker holds."""
+    return (
+        TILE_BYTES_PER_POINT * (tile + 3) ** 3
+        + TILE_BYTES_PER_GAUSSIAN * gaussians
+        + TILE_BYTES_PER_AREA * (tile + 1) ** 2
+    )
+
+
+def densest_tile(prepared: PreparedGaussians, tile: int) -> int:
+    """An estimate of the most Gaussians any tile of ``tile`` cells is binned (their cutoff boxes touch
+    it): the most centres in one tile, times the tile grown by the median cutoff radius on every side."""
+    if len(prepared) == 0:
+        return 0
+    cells = torch.div(prepared.means.clamp_min(0), tile, rounding_mode="floor").long()
+    dims = cells.amax(0) + 1
+    key = (cells[:, 0] * dims[1] + cells[:, 1]) * dims[2] + cells[:, 2]
+    most = int(torch.bincount(key).max())
+    reach = float(prepared.radii.amax(-1).median())
+    return math.ceil(most * ((tile + 2 * reach) / tile) ** 3)
+
+
+def fit_tile(prepared: PreparedGaussians, memory: int, largest: int) -> int:
+    """The largest tile (cells a side, at most ``largest``) whose densest tile's work fits ``memory``
+    bytes (:func:`tile_memory`, :func:`densest_tile`): from ``largest`` down, 15 % at a time.
+
+    Raises:
+        ValueError: not even a tile of :data:`MIN_TILE` cells fits.
+    """
+    tile = max(1, int(largest))
+    while True:
+        need = tile_memory(tile, densest_tile(prepared, tile))
+        if need <= memory:
+            return tile
+        if tile <= MIN_TILE:
+            raise ValueError(
+                f"a memory budget of {memory / 1e9:.3g} GB: one tile of {tile} cells needs about "
+                f"{need / 1e9:.2g} GB (its Gaussians and grid); give --memory {1.1 * need / 1e9:.2g} or more"
+            )
+        tile = max(MIN_TILE, min(tile - 1, int(tile * 0.85)))
+
+
 @dataclass
 class MemoryCounter:
     """Counts the bytes of the per-tile grid arrays (field, padded copy) alive at once: the instrumented
@@ -621,6 +685,101 @@ def _interpolate_numpy(
     return acc
 
 
+# ---------------------------------------------------------------------------------- one tile's work
+def tile_maxima(
+    plan: ScenePlan,
+    t: int,
+    work: Path | None = None,
+    counter: MemoryCounter | None = None,
+    seconds: dict[str, float] | None = None,
+) -> tuple[list[np.ndarray], bool]:
+    """The iso level's first pass over tile ``t``: the maxima of its field along each axis.
+
+    Returns ``(maxima, loaded)``: ``maxima[a]`` float32 over the tile's points of the two other axes
+    (``[ny, nz]``, ``[nx, nz]``, ``[nx, ny]``); ``loaded``: the field was read from ``work``
+    (``field_<t>.npy``, kept by an interrupted run) instead of computed. With ``work`` a computed field is
+    kept there for the second pass (:func:`tile_piece`), on a CPU plan only. ``seconds`` adds ``"field"``.
+    """
+    start = time.perf_counter()
+    keep = work is not None and plan.device.type == "cpu"  # a device computes a field again faster
+    cached = work / f"field_{t}.npy" if keep else None
+    loaded = cached is not None and cached.exists()
+    if loaded:
+        values = torch.from_numpy(np.load(cached))
+        if counter is not None:
+            counter.add(max(values.shape) ** 3 * 4)
+    else:
+        values = tile_values(plan, t, counter)
+        if cached is not None:
+            tmp = cached.with_name(cached.name + ".tmp")
+            with open(tmp, "wb") as f:
+                np.save(f, values.numpy())
+            os.replace(tmp, cached)
+    maxima = [values.amax(a).cpu().numpy() for a in range(3)]
+    if counter is not None:
+        counter.sub(max(values.shape) ** 3 * 4)
+    if seconds is not None:
+        seconds["field"] = seconds.get("field", 0.0) + time.perf_counter() - start
+    return maxima, loaded
+
+
+def tile_piece(
+    plan: ScenePlan,
+    t: int,
+    level: float,
+    tolerance: float,
+    colors: bool = False,
+    work: Path | None = None,
+    counter: MemoryCounter | None = None,
+    seconds: dict[str, float] | None = None,
+) -> tuple[TilePiece, bool]:
+    """Tile ``t``'s piece (:func:`tile_mesh`), through the work folder: returns ``(piece, loaded)``.
+
+    With ``work``, a piece a run finished before (``tile_<t>.npz``) is loaded (``loaded`` True); else the
+    field the first pass kept there is used, the piece saved (written whole, then renamed) and the field
+    removed.
+    """
+    path = work / f"tile_{t}.npz" if work is not None else None
+    if path is not None and path.exists():
+        return _load_piece(path), True
+    cached = work / f"field_{t}.npy" if work is not None and plan.device.type == "cpu" else None
+    values = np.load(cached) if cached is not None and cached.exists() else None
+    piece = tile_mesh(plan, t, level, tolerance, colors, counter, seconds, values)
+    del values
+    if path is not None:
+        _save_piece(path, piece)
+        if cached is not None:
+            cached.unlink(missing_ok=True)
+    return piece, False
+
+
+#: ``map_tiles(fn, plan, tiles, kwargs)``: ``fn(plan, t, counter=, seconds=, **kwargs)`` for each tile, in
+#: the order of ``tiles``: ``(result, counter, seconds)`` each, the tile's own :class:`MemoryCounter` and
+#: stage seconds (:func:`serial_tiles` here; on Ray workers: :mod:`microdreamer.jobs.scene_ray`)
+TileMap = Callable[[Callable, ScenePlan, Sequence[int], dict], Iterator[tuple[Any, MemoryCounter, dict]]]
+
+
+def serial_tiles(
+    fn: Callable, plan: ScenePlan, tiles: Sequence[int], kwargs: dict
+) -> Iterator[tuple[Any, MemoryCounter, dict]]:
+    """The tiles one after the other in this process (the default :data:`TileMap`)."""
+    for t in tiles:
+        counter, seconds = MemoryCounter(), {}
+        yield fn(plan, t, counter=counter, seconds=seconds, **kwargs), counter, seconds
+
+
+def _merge_memory(total: MemoryCounter, tile: MemoryCounter) -> None:
+    """Fold one tile's counter into the run's: the peak of one tile's work, per worker."""
+    total.peak = max(total.peak, total.current + tile.peak)
+    total.largest = max(total.largest, tile.largest)
+    total.current += tile.current
+
+
+def _add_seconds(total: dict[str, float], part: dict[str, float]) -> None:
+    for k, v in part.items():
+        total[k] = total.get(k, 0.0) + v
+
+
 # -------------------------------------------------------------------------------------------- weld
 def weld_pieces(pieces: list[TilePiece]) -> tuple[Mesh, np.ndarray]:
     """The tiles' pieces as one mesh: vertices with the same grid edge id are one vertex. Returns
@@ -782,6 +941,8 @@ def scene_to_mesh(
     plan: ScenePlan | None = None,
     device: str | torch.device = "cpu",
     backend: str = "auto",
+    map_tiles: TileMap | None = None,
+    memory: int | None = None,
 ) -> SceneResult:
     """Mesh a scene tile by tile (module docstring): plan, iso level, tiles, weld, cleanup.
 
@@ -801,6 +962,9 @@ def scene_to_mesh(
         plan: a plan made before (the other plan arguments, ``device`` and ``backend`` included, are then
             ignored).
         device, backend: where the tiles run and their field implementation (:func:`plan_scene`).
+        map_tiles: runs the per-tile work (the first pass's field maxima, the tiles' pieces); default
+            :func:`serial_tiles`. The weld, the iso level and the cleanup run here.
+        memory: bytes one tile's work may take, per worker: caps the tile (:func:`plan_scene`).
 
     Raises:
         ValueError: no Gaussian above the opacity filter, or no surface at the level.
@@ -809,11 +973,12 @@ def scene_to_mesh(
     from microdreamer.mesh.cleanup import _vertex_components, cleanup_mesh_with_stats, decimate
 
     say = progress or (lambda message: None)
+    map_tiles = map_tiles or serial_tiles
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     splat = splat.to("cpu")
     if plan is None:
-        plan = plan_scene(splat, field_config, tile, voxel, tiles_along_longest, device, backend)
+        plan = plan_scene(splat, field_config, tile, voxel, tiles_along_longest, device, backend, memory)
     if len(plan.prepared) == 0:
         raise ValueError(f"no Gaussian has opacity above {field_config.min_opacity}; nothing to mesh")
     plan.gaussians_of(0)  # bin now, inside the plan's time
@@ -821,15 +986,22 @@ def scene_to_mesh(
     seconds["plan"] = time.perf_counter() - start
     rss = {"plan": _peak_rss_gib()}
     counter = MemoryCounter()
+    worker_seconds: dict[str, float] = {}
     g = plan.grid
     diag = g.spacing * math.sqrt(sum((s - 1) ** 2 for s in g.shape))
     tolerance = float(mesh_config.merge_tolerance) * diag
-    occupied = torch.nonzero(plan._starts[1:] > plan._starts[:-1]).flatten().tolist()
+    per_tile = plan._starts[1:] - plan._starts[:-1]
+    occupied = torch.nonzero(per_tile > 0).flatten().tolist()
+    need = tile_memory(plan.tile, int(per_tile.max()) if per_tile.numel() else 0)
+    budget = f" of a {memory / 1e9:.3g} GB budget" if memory is not None else ""
     say(f"scene grid {g.shape[0]}x{g.shape[1]}x{g.shape[2]} points of {g.spacing:.4g}, "
-        f"{plan.num_tiles} tiles of {plan.tile}^3 cells ({len(occupied)} with Gaussians)")  # fmt: skip
+        f"{plan.num_tiles} tiles of {plan.tile}^3 cells ({len(occupied)} with Gaussians; one tile's work "
+        f"about {need / 1e9:.2g} GB{budget})")  # fmt: skip
+    if memory is not None and need > memory:
+        logger.warning("the densest tile's work (about %.2g GB) may pass the %.3g GB budget", need / 1e9,
+                       memory / 1e9)  # fmt: skip
 
     work = Path(work_dir) if work_dir is not None else None
-    cache_fields = work is not None and plan.device.type == "cpu"
     signature = _signature(plan, splat, mesh_config.threshold, mesh_config, colors) if work else ""
     state: dict = {}
     if work is not None:
@@ -851,27 +1023,21 @@ def scene_to_mesh(
         iso = IsoLevel(state["level"], state["iso_method"], state.get("iso_iou"))
     else:  # first pass: the column maxima of the field, tile by tile
         maxima = [np.zeros([g.shape[b] for b in range(3) if b != a], np.float32) for a in range(3)]
-        for n, t in enumerate(occupied):
-            t1 = time.perf_counter()
-            cached = work / f"field_{t}.npy" if cache_fields else None
-            if cached is not None and cached.exists():  # kept by an interrupted run
-                values = torch.from_numpy(np.load(cached))
-                counter.add(max(values.shape) ** 3 * 4)
-                fields_resumed += 1
-            else:
-                values = tile_values(plan, t, counter)
-                if cached is not None:  # kept for the second pass
-                    with open(cached.with_name(cached.name + ".tmp"), "wb") as f:
-                        np.save(f, values.numpy())
-                    os.replace(cached.with_name(cached.name + ".tmp"), cached)
+        t1 = time.perf_counter()
+        results = map_tiles(tile_maxima, plan, occupied, {"work": work})
+        for n, (t, ((tile_max, loaded), used, part)) in enumerate(zip(occupied, results, strict=True)):
+            _merge_memory(counter, used)
+            _add_seconds(worker_seconds, part)
+            fields_resumed += int(loaded)
             first = [b[0] for b in plan.tile_points(t)]
             for a in range(3):  # the column maxima of the tile's points, across axis a
-                sl = tuple(slice(first[b], first[b] + values.shape[b]) for b in range(3) if b != a)
-                np.maximum(maxima[a][sl], values.amax(a).cpu().numpy(), out=maxima[a][sl])
-            seconds["iso_field"] = seconds.get("iso_field", 0.0) + time.perf_counter() - t1
-            counter.sub(max(values.shape) ** 3 * 4)
-            del values
+                across = [b for b in range(3) if b != a]
+                sl = tuple(
+                    slice(first[b], first[b] + n_b) for b, n_b in zip(across, tile_max[a].shape, strict=True)
+                )
+                np.maximum(maxima[a][sl], tile_max[a], out=maxima[a][sl])
             say(f"iso-level pass: tile {n + 1}/{len(occupied)}")
+        seconds["iso_field"] = time.perf_counter() - t1
         t1 = time.perf_counter()
         alphas = _column_alphas(plan, splat)
         _sync(plan.device)
@@ -888,24 +1054,19 @@ def scene_to_mesh(
     t0 = time.perf_counter()
     tile_seconds: dict[str, float] = {}
     pieces, resumed = [], 0
-    for n, t in enumerate(occupied):
-        path = work / f"tile_{t}.npz" if work is not None else None
-        if path is not None and path.exists():
-            pieces.append(_load_piece(path))
-            resumed += 1
-        else:
-            cached = work / f"field_{t}.npy" if cache_fields else None
-            values = np.load(cached) if cached is not None and cached.exists() else None
-            piece = tile_mesh(plan, t, iso.level, tolerance, colors, counter, tile_seconds, values)
-            del values
-            if path is not None:
-                _save_piece(path, piece)
-                if cached is not None:
-                    cached.unlink(missing_ok=True)
-            pieces.append(piece)
+    kwargs = {"level": iso.level, "tolerance": tolerance, "colors": colors, "work": work}
+    for n, ((piece, loaded), used, part) in enumerate(map_tiles(tile_piece, plan, occupied, kwargs)):
+        _merge_memory(counter, used)
+        _add_seconds(tile_seconds, part)
+        resumed += int(loaded)
+        pieces.append(piece)
         say(f"tile {n + 1}/{len(occupied)}: {pieces[-1].faces.shape[0]:,} faces")
-    seconds.update(tile_seconds)
-    seconds["tiles_other"] = time.perf_counter() - t0 - sum(tile_seconds.values())  # loading, saving
+    if map_tiles is serial_tiles:  # this process's seconds: the stages' split of the wall clock
+        seconds.update(tile_seconds)
+        seconds["tiles_other"] = time.perf_counter() - t0 - sum(tile_seconds.values())  # loading, saving
+    else:  # the workers' seconds add up past the wall clock: kept apart
+        seconds["tiles"] = time.perf_counter() - t0
+        _add_seconds(worker_seconds, tile_seconds)
     rss["tiles"] = _peak_rss_gib()
 
     t0 = time.perf_counter()
@@ -940,8 +1101,11 @@ def scene_to_mesh(
         "tile_cells": plan.tile,
         "device": str(plan.device),
         "backend": plan.backend,
+        "tile_memory_estimate_bytes": need,
+        "memory_budget_bytes": memory,
         "seconds": seconds,
         "peak_rss_GiB_after": rss,
+        **({"worker_seconds": worker_seconds} if map_tiles is not serial_tiles else {}),
     }
     if plan.device.type == "cuda":
         stats["peak_gpu_GiB"] = round(torch.cuda.max_memory_allocated(plan.device) / 2**30, 3)
