@@ -1108,12 +1108,16 @@ class SceneConfig(Config):
         tile: cells per tile side with ``tiles = "auto"`` (a tile's field is (tile + 1)^3 float32).
         voxel: the global grid's spacing in the splat's units, or ``"auto"``: 0.8 times the median of the
             Gaussians' largest scales (``scene.tiles.VOXEL_FACTOR``), no resolution cap.
+        tileset: a folder to also write the scene into as OGC 3D Tiles 1.1 (``tileset.json``, one GLB per
+            tile, :mod:`microdreamer.scene.tileset`), or None.
     """
 
     tiles: int | str = setting("off", "off: one dense grid; auto or N: the scene meshed in tiles (N along "
                                "its longest axis) on one grid whose voxel follows the Gaussians")  # fmt: skip
     tile: int = 128
     voxel: float | str = setting("auto", "tiled mode's voxel size in the splat's units, or auto")
+    tileset: str | None = setting(None, "also write the tiled scene into this folder as OGC 3D Tiles 1.1 "
+                                  "(tileset.json and one .glb per tile; needs --tiles)")  # fmt: skip
 
     def validate(self) -> None:
         if isinstance(self.tiles, str):
@@ -1125,6 +1129,9 @@ class SceneConfig(Config):
             self.require("voxel", self.voxel == "auto", "must be a positive number or auto")
         else:
             self.require("voxel", self.voxel > 0.0, "must be a positive number or auto")
+        if self.tileset is not None:
+            self.require("tileset", self.tileset.strip() != "", "must name a folder")
+            self.require("tileset", self.enabled, "writes a scene meshed in tiles; add --tiles auto (or N)")
 
     @property
     def enabled(self) -> bool:
