@@ -272,13 +272,14 @@ def test_vendored_files_are_the_pinned_build():
     ]
     versions = {parts[0]: parts[1] for parts in lines}
     assert versions["three"] == pins["THREE"] and versions["@sparkjsdev/spark"] == pins["SPARK"]
-    assert versions["esbuild"] == pins["ESBUILD"]
+    assert versions["esbuild"] == pins["ESBUILD"] and versions["3d-tiles-renderer"] == pins["TILES"]
     assert all(parts[2].startswith("sha512-") for parts in lines[:-1])
     bundle = (vendor / "mdv-vendor.min.js").read_bytes()
     assert versions["mdv-vendor.min.js"] == "sha256-" + hashlib.sha256(bundle).hexdigest()
     assert len(bundle) < 4_000_000  # three.js + Spark (2.2 MB of it Spark's inline WebAssembly)
     for name in ("three", "spark", "fflate"):
         assert "MIT License" in (vendor / f"LICENSE.{name}").read_text()
+    assert "Apache License" in (vendor / "LICENSE.3d-tiles-renderer").read_text()
     # every file the viewer copies is in the package data
     tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
