@@ -36,7 +36,7 @@ class CleanupStats:
     vertices_out: int = 0
     faces_out: int = 0
     #: [faces_out] int64: the input face each output face is (face order is kept)
-    face_source: np.ndarray | None = field(default=None, repr=False)
+    face_source: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 def _merge_map(vertices: np.ndarray, tolerance: float, candidates: np.ndarray | None = None) -> np.ndarray:
