@@ -272,13 +272,14 @@ def test_vendored_files_are_the_pinned_build():
     ]
     versions = {parts[0]: parts[1] for parts in lines}
     assert versions["three"] == pins["THREE"] and versions["@sparkjsdev/spark"] == pins["SPARK"]
-    assert versions["esbuild"] == pins["ESBUILD"]
+    assert versions["esbuild"] == pins["ESBUILD"] and versions["3d-tiles-renderer"] == pins["TILES"]
     assert all(parts[2].startswith("sha512-") for parts in lines[:-1])
     bundle = (vendor / "mdv-vendor.min.js").read_bytes()
     assert versions["mdv-vendor.min.js"] == "sha256-" + hashlib.sha256(bundle).hexdigest()
     assert len(bundle) < 4_000_000  # three.js + Spark (2.2 MB of it Spark's inline WebAssembly)
     for name in ("three", "spark", "fflate"):
         assert "MIT License" in (vendor / f"LICENSE.{name}").read_text()
+    assert "Apache License" in (vendor / "LICENSE.3d-tiles-renderer").read_text()
     # every file the viewer copies is in the package data
     tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
@@ -526,3 +527,28 @@ def test_file_url_without_embedding_says_how_to_open_it(browser, synthetic_splat
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_scene_glb_of_tile_nodes_matches_render(browser, served, tmp_path):
+    """``mesh --tiles`` writes one node per tile: the page shows them all, where the renderer draws the
+    merged mesh."""
+    from microdreamer import cli
+    from microdreamer.splat import write_ply
+    from test_scene import SCENE, spheres
+
+    pytest.importorskip("skimage")
+    write_ply(spheres(SCENE[:2], n=800), tmp_path / "scene.ply")
+    out = tmp_path / "scene.glb"
+    assert cli.main(["mesh", str(tmp_path / "scene.ply"), "-o", str(out), "--tiles", "2"]) in (0, None)
+    opened = open_viewer(browser, served([out]) + f"?size={SIZE}")
+    assert opened.stats["state"] == "ready" and not opened.errors, opened.errors
+    (view,) = opened.stats["views"]
+    import trimesh
+
+    scene = trimesh.load(out, process=False)
+    assert len(scene.graph.nodes_geometry) > 1
+    assert view["triangles"] == sum(len(g.faces) for g in scene.geometry.values())
+    image = capture(opened.page)
+    assert_drawn_centred(image)
+    assert_matches_render(image, out, MESH_IOU, MESH_MAD)
+    opened.page.close()

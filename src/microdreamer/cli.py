@@ -108,6 +108,7 @@ COMMANDS = (
             Flag("--tiles", "scene.tiles", "off|auto|N"),
             Flag("--voxel", "scene.voxel", "SIZE|auto"),
             Flag("--memory", "scene.memory", "GB|auto"),
+            Flag("--tileset", "scene.tileset", "DIR"),
             Flag("--crop", "crop", "BOX|auto"),
         ),
         batch=True,
@@ -689,6 +690,11 @@ def _check_mesh_output(args: argparse.Namespace, cfg) -> Path:
     out = check_output_path(
         args.output, config.MESH_FORMATS, "mesh", inputs=[args.splat], create_parents=True
     )
+    if cfg.scene.tileset is not None:
+        from microdreamer.io_utils import check_output_folder
+        from microdreamer.jobs.scene import TILESET_OUTPUTS
+
+        check_output_folder(cfg.scene.tileset, TILESET_OUTPUTS, [args.splat])
     if out.suffix.lower() == ".obj" and cfg.texture.mode != "none":
         companions, ours = textured_obj_companions(out)
         check_companions(out, companions, ours)
@@ -842,6 +848,9 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
             raise InputError(f"-o {args.output}: a batch writes one mesh per splat; give an output folder "
                              "(-o DIR/)")  # fmt: skip
         cfg = dataclasses.replace(job_config(args), with_splat=args.with_splat)
+        if cfg.scene.tileset is not None:
+            raise InputError(f"--tileset {cfg.scene.tileset}: writes one scene; give one splat (a batch writes "
+                             "one mesh per splat)")  # fmt: skip
         from microdreamer.jobs.batch import MeshJob
 
         return _run_batch(args, MeshJob(cfg, args.device), sources, cfg)

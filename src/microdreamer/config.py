@@ -1113,6 +1113,8 @@ class SceneConfig(Config):
             where ``tile`` would not fit.
         workers: spread the tiles over this many Ray workers (None: this process).
         ray_address: the tiles' Ray cluster ("host:port" or "auto"; None: a local one).
+        tileset: a folder to also write the scene into as OGC 3D Tiles 1.1 (``tileset.json``, one GLB per
+            tile, :mod:`microdreamer.scene.tileset`), or None.
     """
 
     tiles: int | str = setting("off", "off: one dense grid; auto or N: the scene meshed in tiles (N along "
@@ -1123,6 +1125,8 @@ class SceneConfig(Config):
                                   "of the free memory shared by the workers)")  # fmt: skip
     workers: int | None = None
     ray_address: str | None = None
+    tileset: str | None = setting(None, "also write the tiled scene into this folder as OGC 3D Tiles 1.1 "
+                                  "(tileset.json and one .glb per tile; needs --tiles)")  # fmt: skip
 
     def validate(self) -> None:
         if isinstance(self.tiles, str):
@@ -1140,6 +1144,9 @@ class SceneConfig(Config):
             self.require("memory", 0.0 < self.memory < 1e6, "must be a number of GB above 0, or auto")
         if self.workers is not None:
             self.require("workers", self.workers >= 1, "must be at least 1")
+        if self.tileset is not None:
+            self.require("tileset", self.tileset.strip() != "", "must name a folder")
+            self.require("tileset", self.enabled, "writes a scene meshed in tiles; add --tiles auto (or N)")
 
     @property
     def enabled(self) -> bool:

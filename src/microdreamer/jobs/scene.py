@@ -8,6 +8,9 @@ per tile is a later step. ``--texture none`` leaves the mesh uncoloured.
 Device: on a CUDA device the tiles' fields, colour fields and iso-level alphas run there
 (:mod:`microdreamer.scene.tiles`, backend ``"cuda"``, or the PyTorch reference where the kernels do not
 load); marching cubes, the weld and the cleanup stay on the CPU.
+Files: a ``.glb`` has one node (mesh) per tile, named ``tile_<a>_<b>_<c>``, the seams shared exactly; an
+``.obj`` or ``.ply`` is the one welded mesh. ``scene.tileset`` also writes the tiles as OGC 3D Tiles 1.1
+(:mod:`microdreamer.scene.tileset`) into that folder, staged and moved in as one.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 from microdreamer.config import ExportConfig
 from microdreamer.errors import InputError
-from microdreamer.mesh import save_mesh
+from microdreamer.mesh import Mesh, save_glb_nodes, save_mesh
 from microdreamer.profiling import StageTimer
 from microdreamer.splat import Splat
 
@@ -75,6 +78,7 @@ def export_scene(
     """
     from microdreamer.jobs.export import ConvertResult, ExportResult
     from microdreamer.scene import scene_to_mesh
+    from microdreamer.scene.tileset import tile_name
 
     say = stage or (lambda message: None)
     timer = timer or StageTimer()
@@ -119,9 +123,17 @@ def export_scene(
     mesh = result.mesh
     if mesh.is_empty:
         raise InputError(f"{name}: no surface is left after cleanup at the iso-level {result.level:g}")
-    say(f"writing {path}")
+    tiles = [(tile_name(result.plan.tile_index(t)), m) for t, m in result.tile_meshes()]
     with timer.stage("export"):
-        written = save_mesh(mesh, path)
+        if path.suffix.lower() == ".glb":
+            say(f"writing {path} ({len(tiles)} tile nodes)")
+            written = save_glb_nodes([m for _, m in tiles], path, [n for n, _ in tiles])
+        else:
+            say(f"writing {path}")
+            written = save_mesh(mesh, path)
+    if scene.tileset is not None:
+        with timer.stage("tileset"):
+            write_scene_tileset(scene.tileset, tiles, mesh, result.plan.grid.spacing, say)
     shutil.rmtree(work, ignore_errors=True)
     g = result.plan.grid
     conv = ConvertResult(
@@ -130,3 +142,33 @@ def export_scene(
     )  # fmt: skip
     texture_stats = {"mode": "vertex colours (colour field)"} if colors else {}
     return ExportResult(written, mesh, conv, texture_stats, up)
+
+
+#: the files a tileset folder holds (replaced by the next run into the folder)
+TILESET_OUTPUTS = ("tileset.json", "tiles")
+
+
+def write_scene_tileset(
+    folder: str | os.PathLike,
+    tiles: list[tuple[str, Mesh]],
+    mesh: Mesh,
+    voxel: float,
+    stage: Callable[[str], None] | None = None,
+) -> Path:
+    """Write ``tiles`` (``(name, mesh)`` each) as 3D Tiles 1.1 into ``folder``, with a coarse root made
+    from the whole ``mesh`` when it has :data:`~microdreamer.scene.tileset.ROOT_LOD_MIN_FACES` faces or
+    more; staged beside the folder and moved in as one (the user's other files kept). Returns the path of
+    ``tileset.json``."""
+    from microdreamer.io_utils import staged_folder
+    from microdreamer.scene.tileset import ROOT_LOD_FACTOR, ROOT_LOD_MIN_FACES, coarse_root, write_tileset
+
+    say = stage or (lambda message: None)
+    root = None
+    if mesh.num_faces >= ROOT_LOD_MIN_FACES:
+        root = coarse_root(mesh, ROOT_LOD_FACTOR)
+        say(f"tileset: coarse root of {root[0].num_faces:,} faces (error {root[1]:.4g})")
+    say(f"writing {folder}/tileset.json ({len(tiles)} tiles)")
+    with staged_folder(folder, owned=TILESET_OUTPUTS) as stage_dir:
+        stage_dir.mkdir()
+        write_tileset(stage_dir, tiles, voxel, root)
+    return Path(folder) / "tileset.json"

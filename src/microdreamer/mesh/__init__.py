@@ -16,7 +16,7 @@ from typing import Any
 from microdreamer.config import MESH_BACKENDS, MeshConfig
 from microdreamer.mesh.cleanup import CleanupStats, cleanup_mesh, cleanup_mesh_with_stats, decimate
 from microdreamer.mesh.cleanup_torch import cleanup_mesh_torch
-from microdreamer.mesh.export import MESH_FORMATS, save_mesh
+from microdreamer.mesh.export import MESH_FORMATS, save_glb_nodes, save_mesh
 from microdreamer.mesh.marching import GridVertices, marching_cubes, marching_cubes_on_grid
 from microdreamer.mesh.marching_torch import TensorGridVertices, TensorMesh, marching_cubes_torch
 from microdreamer.mesh.types import Mesh
@@ -41,6 +41,7 @@ __all__ = [
     "marching_cubes_on_grid",
     "marching_cubes_torch",
     "resolve_mesh_backend",
+    "save_glb_nodes",
     "save_mesh",
 ]
 

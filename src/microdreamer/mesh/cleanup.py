@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,6 +35,8 @@ class CleanupStats:
     faces_in_cavities: int = 0
     vertices_out: int = 0
     faces_out: int = 0
+    #: [faces_out] int64: the input face each output face is (face order is kept)
+    face_source: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 def _merge_map(vertices: np.ndarray, tolerance: float, candidates: np.ndarray | None = None) -> np.ndarray:
@@ -168,9 +170,11 @@ def cleanup_mesh_with_stats(
         config = MeshConfig()
     stats = CleanupStats(vertices_in=mesh.num_vertices, faces_in=mesh.num_faces)
     if mesh.num_faces == 0:
+        stats.face_source = np.zeros(0, np.int64)
         return Mesh.empty(), stats
 
     vertices, faces = mesh.vertices, mesh.faces
+    source = np.arange(faces.shape[0], dtype=np.int64)
     # per column: NumPy's axis-0 reductions of an [V, 3] float32 array are ~10x slower
     lo = np.array([vertices[:, a].min() for a in range(3)], np.float64)
     hi = np.array([vertices[:, a].max() for a in range(3)], np.float64)
@@ -190,11 +194,13 @@ def cleanup_mesh_with_stats(
     stats.degenerate_faces = int(faces.shape[0] - np.count_nonzero(good))
     if stats.degenerate_faces:
         faces = np.compress(good, faces, axis=0)
+        source = np.compress(good, source)
     if faces.shape[0]:
         unique = _first_unique_rows(faces, mesh.num_vertices)
         stats.duplicate_faces = int(faces.shape[0] - np.count_nonzero(unique))
         if stats.duplicate_faces:
             faces = np.compress(unique, faces, axis=0)
+            source = np.compress(unique, source)
 
     if faces.shape[0]:
         _, labels = _vertex_components(faces, mesh.num_vertices)
@@ -219,9 +225,11 @@ def cleanup_mesh_with_stats(
             keep_label &= ~cavity
         if stats.components_removed or stats.cavities_removed:
             faces = np.compress(keep_label[face_label], faces, axis=0)
+            source = np.compress(keep_label[face_label], source)
 
     out = Mesh(vertices, faces, mesh.vertex_colors).subset_faces(slice(None))
     stats.vertices_out, stats.faces_out = out.num_vertices, out.num_faces
+    stats.face_source = source
     logger.debug("cleanup: %s", stats)
     return out, stats
 

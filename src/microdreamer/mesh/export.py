@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -93,16 +94,32 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 
 def glb_bytes(mesh: Mesh) -> bytes:
-    """The binary glTF 2.0 file of ``mesh`` (see :func:`save_mesh`), written directly with NumPy.
+    """The binary glTF 2.0 file of ``mesh`` (see :func:`save_mesh`): :func:`glb_nodes_bytes` of the one
+    mesh, named ``"mesh"``."""
+    return glb_nodes_bytes([mesh], ["mesh"])
 
-    One scene, one node (no transform), one mesh with one triangle primitive: ``POSITION`` (float32,
-    with its bounds), uint32 indices, and ``TEXCOORD_0`` ((u, 1 - v), float32) with a matte PBR material
-    whose base-colour texture is the embedded PNG, or ``COLOR_0`` (normalised uint8 RGBA, alpha 255)
-    for vertex colours.
+
+def glb_nodes_bytes(meshes: Sequence[Mesh], names: Sequence[str] | None = None) -> bytes:
+    """The binary glTF 2.0 file of several meshes, each its own node, written directly with NumPy.
+
+    One scene whose nodes are the meshes, in order (no transforms: the meshes are in one frame). Each
+    node has its own mesh with one triangle primitive: ``POSITION`` (float32, with its bounds), uint32
+    indices, and ``TEXCOORD_0`` ((u, 1 - v), float32) with its own matte PBR material (``material<i>``,
+    ``i`` counting the textured meshes) whose base-colour texture is its embedded PNG, or ``COLOR_0``
+    (normalised uint8 RGBA, alpha 255) for vertex colours.
+
+    Args:
+        meshes: the meshes, none empty.
+        names: a name for each node and its mesh (default ``mesh<i>``).
     """
     import json
     import struct
 
+    if not meshes:
+        raise ValueError("a glTF file needs at least one mesh")
+    names = [f"mesh{i}" for i in range(len(meshes))] if names is None else list(names)
+    if len(names) != len(meshes):
+        raise ValueError(f"{len(names)} names for {len(meshes)} meshes")
     chunks: list[bytes] = []
     views: list[dict] = []
     offset = 0
@@ -118,41 +135,53 @@ def glb_bytes(mesh: Mesh) -> bytes:
         offset += len(data) + pad
         return len(views) - 1
 
-    vertices = np.ascontiguousarray(mesh.vertices, dtype=np.float32)
-    indices = np.ascontiguousarray(mesh.faces, dtype=np.uint32).reshape(-1)
-    accessors = [
-        {"bufferView": add_view(indices.tobytes(), _ELEMENT_ARRAY_BUFFER), "componentType": _UINT32,
-         "count": int(indices.size), "type": "SCALAR"},
-        {"bufferView": add_view(vertices.tobytes(), _ARRAY_BUFFER), "componentType": _FLOAT,
-         "count": mesh.num_vertices, "type": "VEC3",
-         "min": [float(vertices[:, a].min()) for a in range(3)],
-         "max": [float(vertices[:, a].max()) for a in range(3)]},
-    ]  # fmt: skip
-    primitive: dict = {"attributes": {"POSITION": 1}, "indices": 0, "mode": 4}
+    accessors: list[dict] = []
+    images: list[dict] = []
+    materials: list[dict] = []
+    gltf_meshes: list[dict] = []
+    for mesh, name in zip(meshes, names, strict=True):
+        if mesh.is_empty:
+            raise ValueError(f"{name}: refusing to write an empty mesh (0 faces)")
+        vertices = np.ascontiguousarray(mesh.vertices, dtype=np.float32)
+        indices = np.ascontiguousarray(mesh.faces, dtype=np.uint32).reshape(-1)
+        first = len(accessors)
+        accessors += [
+            {"bufferView": add_view(indices.tobytes(), _ELEMENT_ARRAY_BUFFER), "componentType": _UINT32,
+             "count": int(indices.size), "type": "SCALAR"},
+            {"bufferView": add_view(vertices.tobytes(), _ARRAY_BUFFER), "componentType": _FLOAT,
+             "count": mesh.num_vertices, "type": "VEC3",
+             "min": [float(vertices[:, a].min()) for a in range(3)],
+             "max": [float(vertices[:, a].max()) for a in range(3)]},
+        ]  # fmt: skip
+        primitive: dict = {"attributes": {"POSITION": first + 1}, "indices": first, "mode": 4}
+        if mesh.has_texture:
+            texcoord = np.empty((mesh.num_vertices, 2), np.float32)
+            texcoord[:, 0] = mesh.uv[:, 0]
+            texcoord[:, 1] = 1.0 - mesh.uv[:, 1].astype(np.float64)  # glTF's v points down the image
+            accessors.append({"bufferView": add_view(texcoord.tobytes(), _ARRAY_BUFFER), "componentType": _FLOAT,
+                              "count": mesh.num_vertices, "type": "VEC2"})  # fmt: skip
+            primitive["attributes"]["TEXCOORD_0"] = len(accessors) - 1
+            primitive["material"] = len(materials)
+            images.append({"bufferView": add_view(png_bytes(mesh.texture), None), "mimeType": "image/png"})
+            materials.append({"name": f"material{len(materials)}", "doubleSided": False, "pbrMetallicRoughness": {
+                "baseColorTexture": {"index": len(images) - 1}, "metallicFactor": 0.0, "roughnessFactor": 1.0}})  # fmt: skip
+        elif mesh.vertex_colors is not None:
+            rgba = np.full((mesh.num_vertices, 4), 255, np.uint8)
+            rgba[:, :3] = np.round(np.clip(mesh.vertex_colors, 0.0, 1.0) * 255.0)
+            accessors.append({"bufferView": add_view(rgba.tobytes(), _ARRAY_BUFFER), "componentType": _UINT8,
+                              "normalized": True, "count": mesh.num_vertices, "type": "VEC4"})  # fmt: skip
+            primitive["attributes"]["COLOR_0"] = len(accessors) - 1
+        gltf_meshes.append({"name": name, "primitives": [primitive]})
     doc: dict = {"asset": {"version": "2.0", "generator": "microdreamer"}}
-    if mesh.has_texture:
-        texcoord = np.empty((mesh.num_vertices, 2), np.float32)
-        texcoord[:, 0] = mesh.uv[:, 0]
-        texcoord[:, 1] = 1.0 - mesh.uv[:, 1].astype(np.float64)  # glTF's v points down the image
-        accessors.append({"bufferView": add_view(texcoord.tobytes(), _ARRAY_BUFFER), "componentType": _FLOAT,
-                          "count": mesh.num_vertices, "type": "VEC2"})  # fmt: skip
-        primitive["attributes"]["TEXCOORD_0"] = 2
-        primitive["material"] = 0
-        doc["images"] = [{"bufferView": add_view(png_bytes(mesh.texture), None), "mimeType": "image/png"}]
-        doc["textures"] = [{"source": 0}]
-        doc["materials"] = [{"name": "material0", "doubleSided": False, "pbrMetallicRoughness": {
-            "baseColorTexture": {"index": 0}, "metallicFactor": 0.0, "roughnessFactor": 1.0}}]  # fmt: skip
-    elif mesh.vertex_colors is not None:
-        rgba = np.full((mesh.num_vertices, 4), 255, np.uint8)
-        rgba[:, :3] = np.round(np.clip(mesh.vertex_colors, 0.0, 1.0) * 255.0)
-        accessors.append({"bufferView": add_view(rgba.tobytes(), _ARRAY_BUFFER), "componentType": _UINT8,
-                          "normalized": True, "count": mesh.num_vertices, "type": "VEC4"})  # fmt: skip
-        primitive["attributes"]["COLOR_0"] = 2
+    if images:
+        doc["images"] = images
+        doc["textures"] = [{"source": i} for i in range(len(images))]
+        doc["materials"] = materials
     doc.update(
         scene=0,
-        scenes=[{"nodes": [0]}],
-        nodes=[{"name": "mesh", "mesh": 0}],
-        meshes=[{"name": "mesh", "primitives": [primitive]}],
+        scenes=[{"nodes": list(range(len(meshes)))}],
+        nodes=[{"name": name, "mesh": i} for i, name in enumerate(names)],
+        meshes=gltf_meshes,
         accessors=accessors,
         bufferViews=views,
         buffers=[{"byteLength": offset}],
@@ -171,6 +200,23 @@ def glb_bytes(mesh: Mesh) -> bytes:
             binary,
         ]
     )
+
+
+def save_glb_nodes(
+    meshes: Sequence[Mesh], path: str | os.PathLike, names: Sequence[str] | None = None
+) -> Path:
+    """Write ``meshes`` as one .glb, one node each (:func:`glb_nodes_bytes`), atomically.
+
+    Raises:
+        InputError: the suffix is not .glb, or the output folder does not exist.
+        ValueError: no mesh, or an empty one.
+    """
+    path = check_output_path(path, (".glb",), "mesh")
+    data = glb_nodes_bytes(meshes, names)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    logger.info("wrote %s (%d nodes, %d faces)", path, len(meshes), sum(m.num_faces for m in meshes))
+    return path
 
 
 def _vertex_colored(mesh: Mesh) -> Mesh:

@@ -15,6 +15,7 @@ from microdreamer.scene.tiles import (
     TilePiece,
     plan_scene,
     scene_to_mesh,
+    tile_of_points,
     weld_pieces,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "TilePiece",
     "plan_scene",
     "scene_to_mesh",
+    "tile_of_points",
     "weld_pieces",
 ]

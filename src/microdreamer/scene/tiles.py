@@ -781,13 +781,15 @@ def _add_seconds(total: dict[str, float], part: dict[str, float]) -> None:
 
 
 # -------------------------------------------------------------------------------------------- weld
-def weld_pieces(pieces: list[TilePiece]) -> tuple[Mesh, np.ndarray]:
+def weld_pieces(pieces: list[TilePiece]) -> tuple[Mesh, np.ndarray, np.ndarray]:
     """The tiles' pieces as one mesh: vertices with the same grid edge id are one vertex. Returns
-    ``(mesh, candidates [V] bool)``. Vertices on grid edges come first, in the order of their ids (the
-    same in every tiling), then the cells' centre vertices, tile by tile."""
-    pieces = [p for p in pieces if p.faces.shape[0]]
+    ``(mesh, candidates [V] bool, face_piece [F] int64)``, ``face_piece`` the index in ``pieces`` of the
+    piece each face came from. Vertices on grid edges come first, in the order of their ids (the same in
+    every tiling), then the cells' centre vertices, tile by tile; faces piece by piece."""
+    number = [n for n, p in enumerate(pieces) if p.faces.shape[0]]
+    pieces = [pieces[n] for n in number]
     if not pieces:
-        return Mesh.empty(), np.zeros(0, bool)
+        return Mesh.empty(), np.zeros(0, bool), np.zeros(0, np.int64)
     keys = np.concatenate([p.keys for p in pieces])
     keyed = keys >= 0
     uniq, inverse = np.unique(keys[keyed], return_inverse=True)
@@ -807,7 +809,8 @@ def weld_pieces(pieces: list[TilePiece]) -> tuple[Mesh, np.ndarray]:
         colors[ids[::-1]] = np.concatenate([p.colors for p in pieces])[::-1]
     starts = np.cumsum([0] + [p.vertices.shape[0] for p in pieces])
     faces = np.concatenate([ids[p.faces + s] for p, s in zip(pieces, starts[:-1], strict=True)])
-    return Mesh(vertices, faces, colors), candidates
+    face_piece = np.repeat(np.asarray(number, np.int64), [p.faces.shape[0] for p in pieces])
+    return Mesh(vertices, faces, colors), candidates, face_piece
 
 
 @dataclass
@@ -832,6 +835,8 @@ class SceneResult:
 
     Attributes:
         mesh: the welded, cleaned mesh (vertex colours when asked for).
+        face_tile: [F] int64 the tile number (:meth:`ScenePlan.tile_index`) each face of ``mesh`` belongs
+            to: the tile that made it, or, after a decimation, the tile whose cells hold its centroid.
         plan: the plan it ran.
         level: the iso level; iso_method: ``"fixed"`` or ``"auto"``; iso_iou: the silhouettes' IoU.
         stats: counts (tiles run, empty, resumed; faces before and after cleanup) and ``seconds`` per stage.
@@ -839,12 +844,32 @@ class SceneResult:
     """
 
     mesh: Mesh
+    face_tile: np.ndarray
     plan: ScenePlan
     level: float
     iso_method: str
     iso_iou: float | None
     stats: dict
     memory: MemoryCounter
+
+    def tile_meshes(self) -> list[tuple[int, Mesh]]:
+        """``(tile number, mesh)`` for each tile with faces, in tile order: the faces of ``mesh`` that
+        tile holds, with the vertices they use (a vertex on a seam in every tile that uses it, at the
+        same position, so that the tiles still meet exactly)."""
+        order = np.argsort(self.face_tile, kind="stable")
+        tiles, starts = np.unique(self.face_tile[order], return_index=True)
+        ends = np.append(starts[1:], order.size)
+        return [(int(t), self.mesh.subset_faces(np.sort(order[a:b])))
+                for t, a, b in zip(tiles, starts, ends, strict=True)]  # fmt: skip
+
+
+def tile_of_points(plan: ScenePlan, points: np.ndarray) -> np.ndarray:
+    """[P] int64 the number of the tile whose cells hold each of ``points`` ([P, 3], world units;
+    those outside the grid go to the nearest tile)."""
+    cell = np.floor((np.asarray(points, np.float64) - np.asarray(plan.grid.origin)) / plan.grid.spacing)
+    cell = np.clip(cell, 0, np.asarray(plan.grid.shape) - 2).astype(np.int64)
+    idx = np.minimum(cell // plan.tile, np.asarray(plan.tiles) - 1)
+    return (idx[:, 0] * plan.tiles[1] + idx[:, 1]) * plan.tiles[2] + idx[:, 2]
 
 
 def _column_alphas(plan: ScenePlan, splat: Splat, stride: int = ISO_STRIDE) -> list[torch.Tensor]:
@@ -1070,7 +1095,7 @@ def scene_to_mesh(
     rss["tiles"] = _peak_rss_gib()
 
     t0 = time.perf_counter()
-    welded, candidates = weld_pieces(pieces)
+    welded, candidates, face_piece = weld_pieces(pieces)
     del pieces
     seconds["weld"] = time.perf_counter() - t0
     if welded.is_empty:
@@ -1081,8 +1106,11 @@ def scene_to_mesh(
     fraction = mesh_config.min_component_fraction * float(counts.max()) / float(welded.num_faces)
     clean_config = replace(mesh_config, threshold=iso.level, min_component_fraction=fraction)
     mesh, cleanup = cleanup_mesh_with_stats(welded, clean_config, _Candidates(candidates))
-    if mesh_config.decimate_target is not None and not mesh.is_empty:
+    face_tile = np.asarray(occupied, np.int64)[face_piece[cleanup.face_source]]
+    del face_piece
+    if mesh_config.decimate_target is not None and mesh.num_faces > mesh_config.decimate_target:
         mesh = decimate(mesh, mesh_config.decimate_target)
+        face_tile = tile_of_points(plan, mesh.vertices[mesh.faces].astype(np.float64).mean(1))
     seconds["cleanup"] = time.perf_counter() - t0
     rss["cleanup"] = _peak_rss_gib()
     stats = {
@@ -1109,4 +1137,4 @@ def scene_to_mesh(
     }
     if plan.device.type == "cuda":
         stats["peak_gpu_GiB"] = round(torch.cuda.max_memory_allocated(plan.device) / 2**30, 3)
-    return SceneResult(mesh, plan, iso.level, iso.method, iso.iou, stats, counter)
+    return SceneResult(mesh, face_tile, plan, iso.level, iso.method, iso.iou, stats, counter)
