@@ -15,7 +15,8 @@ In a scene that ring stands behind walls; here each tile chooses its own views:
    mesh.rasterize_depth`, ``vis_size``^2 pixels, no back-face culling: the cut region is open); a tile face
    is seen when its centre faces the camera and its depth matches the buffer's.
 4. **Choice.** The ring when it sees the tile's surface (by area) within ``ring_slack`` of all the
-   candidates together: an object-like tile, baked as the object path bakes. Otherwise positions are taken
+   candidates together (or of the whole area: the candidates are then not looked at): an object-like
+   tile, baked as the object path bakes. Otherwise positions are taken
    greedily, each the one that sees the most area not yet seen, until a position adds less than
    ``min_gain`` of the area or ``max_positions`` are taken; the bake uses the chosen positions' views that
    see any face.
@@ -64,7 +65,7 @@ class TileViews:
         free_level: a candidate's density is below this times the scene's iso level (when one is given).
         vis_size: the visibility buffers' side, pixels.
         ring_slack: the ring is chosen when it sees the tile's area within this fraction of what every
-            candidate together sees.
+            candidate together sees (or of the whole area).
         min_gain: a position is taken only if it sees at least this fraction of the area not yet seen.
         max_positions: free-space positions taken at most.
         size: the bake's free-space views' side, pixels (the ring's is ``TextureConfig.bake.views.size``).
@@ -75,7 +76,7 @@ class TileViews:
     free_margin: float = 0.05
     free_level: float = 0.1
     vis_size: int = 64
-    ring_slack: float = 0.02
+    ring_slack: float = 0.05
     min_gain: float = 0.01
     max_positions: int = 8
     size: int = 256
@@ -256,6 +257,10 @@ def choose_views(
     ring_seen = ring_vis.any(0)
     ring_coverage = float(area[ring_seen].sum()) / total
 
+    info = {"ring_coverage": round(ring_coverage, 4)}
+    if ring_coverage >= 1.0 - views.ring_slack:  # no candidate can add more than the slack
+        return ring, {**info, "candidates": 0, "views": "ring", "cameras": len(ring), "positions": 0,
+                      "coverage": round(ring_coverage, 4)}  # fmt: skip
     lo, hi = region
     extent = float(np.max(hi - lo))
     near, far = 1e-3 * extent, 4.0 * extent
@@ -275,7 +280,7 @@ def choose_views(
     )
     group_vis = torch.stack([vis[g].any(0) for g in groups]) if groups else torch.zeros(0, len(f), dtype=bool)
     best = float(area[ring_seen | group_vis.any(0)].sum()) / total if groups else ring_coverage
-    info = {"candidates": len(groups), "ring_coverage": round(ring_coverage, 4)}
+    info["candidates"] = len(groups)
     if ring_coverage >= best - views.ring_slack:
         return ring, {**info, "views": "ring", "cameras": len(ring), "positions": 0,
                       "coverage": round(ring_coverage, 4)}  # fmt: skip
