@@ -1,0 +1,160 @@
+"""Per-tile UV textures of scenes (microdreamer.scene.texture): a closed room is baked from views inside it
+(the walls' inner colour, not the outer), an object from the ring, unseen texels from the colour field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from microdreamer.config import BakeConfig, BakeViewsConfig, FieldConfig, MeshConfig, TextureConfig
+from microdreamer.scene import plan_scene, scene_to_mesh
+from microdreamer.scene.texture import TileViews, split_by_tile, texture_scene, texture_tile
+from microdreamer.splat import SH_C0, Splat
+from microdreamer.synthetic import surface_splat, tangent_splat
+
+pytest.importorskip("skimage")
+
+INNER, OUTER = (0.9, 0.1, 0.1), (0.1, 0.1, 0.9)
+#: small atlases and views: the choices and colours are what is tested, not the resolution
+CONFIG = TextureConfig(size=128, bake=BakeConfig(views=BakeViewsConfig(size=96)))
+VIEWS = TileViews(size=96)
+
+
+def box_layer(half: float, colour, step: float = 0.08) -> Splat:
+    """Flat opaque Gaussians of one ``colour`` on the six faces of the cube [-half, half]^3."""
+    g = np.arange(-1.0 + step / 2, 1.0, step)
+    u, v = (a.ravel() * half for a in np.meshgrid(g, g, indexing="ij"))
+    means, normals = [], []
+    for axis in range(3):
+        others = [a for a in range(3) if a != axis]
+        for sign in (-1.0, 1.0):
+            p, n = np.zeros((u.size, 3)), np.zeros((u.size, 3))
+            p[:, others[0]], p[:, others[1]], p[:, axis] = u, v, sign * half
+            n[:, axis] = sign
+            means.append(p)
+            normals.append(n)
+    s = tangent_splat(np.concatenate(means), np.concatenate(normals), step * half, 0.2)
+    s.sh_dc[:] = (torch.tensor(colour) - 0.5) / SH_C0
+    s.opacity_logits[:] = 4.0
+    return s
+
+
+def cat(*splats: Splat) -> Splat:
+    return Splat(**{k: torch.cat([s.tensors()[k] for s in splats]) for k in splats[0].tensors()})
+
+
+@pytest.fixture(scope="module")
+def room():
+    """A closed room: walls of two layers, red inside and blue outside, meshed as one slab (inner
+    surface facing in, outer facing out; the cleanup keeps the inner shell)."""
+    splat = cat(box_layer(1.0, INNER), box_layer(1.12, OUTER))
+    result = scene_to_mesh(splat, FieldConfig(), MeshConfig(threshold="auto", remove_cavities=False))
+    return splat, result
+
+
+def _inner_faces(mesh) -> np.ndarray:
+    """[F] bool: the faces of the room's inner surface (their centres inside the inner layer)."""
+    centres = mesh.vertices[mesh.faces].mean(1)
+    return np.abs(centres).max(1) < 1.0
+
+
+def _face_colours(mesh) -> np.ndarray:
+    """[F, 3] the texture at each face's centre (its UVs' mean)."""
+    from microdreamer.mesh.types import sample_texture_numpy
+
+    return sample_texture_numpy(mesh.texture_float(), mesh.uv[mesh.faces].mean(1))
+
+
+def _same_geometry(textured, mesh) -> None:
+    """The textured mesh has the input's faces, in order, at the same positions (vertices split at seams
+    only), and UVs in [0, 1]."""
+    assert textured.num_faces == mesh.num_faces
+    np.testing.assert_array_equal(textured.vertices[textured.faces], mesh.vertices[mesh.faces])
+    assert textured.uv.shape == (textured.num_vertices, 2)
+    assert np.isfinite(textured.uv).all() and textured.uv.min() >= 0.0 and textured.uv.max() <= 1.0
+    assert textured.texture.shape == (CONFIG.size, CONFIG.size, 3) and textured.texture.dtype == np.uint8
+
+
+def test_room_is_baked_from_inside(room):
+    splat, result = room
+    mesh = result.mesh
+    inner = _inner_faces(mesh)
+    assert 0.1 < inner.mean() < 0.9  # both surfaces are there
+    out = texture_tile(mesh, splat, CONFIG, VIEWS, level=result.level)
+    s = out.stats
+    assert s["views"] == "free space"
+    assert s["ring_coverage"] < 0.9  # the ring sees the outside only
+    assert s["coverage"] > 0.95 and s["positions"] >= 1
+    _same_geometry(out.mesh, mesh)
+    colours = _face_colours(out.mesh)
+    # the inner walls carry the inner layer's colour (a bake from outside would give them the outer one)
+    inner_median = np.median(colours[inner], axis=0)
+    assert np.abs(inner_median - INNER).max() < 0.1, inner_median
+    outer_median = np.median(colours[~inner], axis=0)
+    assert np.abs(outer_median - OUTER).max() < 0.1, outer_median
+    assert s["texels_from_views"] > 0.5
+    assert s["texels_from_views"] + s["texels_from_field"] + s["texels_filled"] == pytest.approx(
+        1.0, abs=1e-3
+    )
+
+
+def test_unseen_texels_take_the_colour_field(room):
+    """One position inside the room sees the inner walls only: the outer surface's texels are the colour
+    field's (here a stand-in that paints them green)."""
+    splat, result = room
+    mesh = result.mesh
+    green = np.array([0.0, 1.0, 0.0], np.float32)
+    out = texture_tile(mesh, splat, CONFIG, TileViews(size=96, max_positions=1), level=result.level,
+                       field_colors=lambda points: np.tile(green, (len(points), 1)))  # fmt: skip
+    s = out.stats
+    assert s["views"] == "free space" and s["positions"] == 1
+    assert s["texels_from_field"] > 0.2
+    colours = _face_colours(out.mesh)
+    inner = _inner_faces(mesh)
+    np.testing.assert_allclose(np.median(colours[~inner], axis=0), green, atol=0.02)
+    assert np.abs(np.median(colours[inner], axis=0) - INNER).max() < 0.1
+
+
+def test_default_field_colour_is_the_splats():
+    """Without a stand-in, the unseen texels take the splat's colour field (the room's outer surface, seen
+    by no view when only one position inside is allowed, is blue-ish: the outer layer's colour)."""
+    splat = cat(box_layer(1.0, INNER), box_layer(1.12, OUTER))
+    result = scene_to_mesh(splat, FieldConfig(), MeshConfig(threshold="auto", remove_cavities=False))
+    out = texture_tile(result.mesh, splat, CONFIG, TileViews(size=96, max_positions=1), level=result.level)
+    colours = _face_colours(out.mesh)
+    outer = ~_inner_faces(result.mesh)
+    median = np.median(colours[outer], axis=0)
+    assert median[2] > median[0], median  # more of the outer (blue) layer than of the inner (red) one
+
+
+def test_object_takes_the_ring():
+    splat = surface_splat(1500, radius=0.5, scale=0.05)
+    result = scene_to_mesh(splat, FieldConfig(), MeshConfig(threshold="auto"))
+    out = texture_tile(result.mesh, splat, CONFIG, VIEWS, level=result.level)
+    assert out.stats["views"] == "ring"
+    assert out.stats["cameras"] == CONFIG.bake.views.num_views
+    assert out.stats["texels_from_views"] > 0.95
+    _same_geometry(out.mesh, result.mesh)
+    # the bake matches the vertex colours of the colour field
+    ref = scene_to_mesh(splat, FieldConfig(), MeshConfig(threshold="auto"), colors=True).mesh
+    baked = out.mesh.colors_at_vertices()
+    np.testing.assert_allclose(np.median(baked, 0), np.median(ref.vertex_colors, 0), atol=0.05)
+
+
+def test_scene_tiles_render_only_their_neighbourhood():
+    """Two objects far apart, cut into tiles: each tile is textured, renders only the Gaussians near it,
+    and the tiles' faces are the scene's."""
+    one = surface_splat(1500, radius=0.5, scale=0.05)
+    far = one.tensors()
+    far = Splat(**{**far, "means": far["means"] + torch.tensor([6.0, 0.0, 0.0])})
+    splat = cat(one, far)
+    plan = plan_scene(splat, FieldConfig(), tiles_along_longest=4)
+    result = scene_to_mesh(splat, FieldConfig(), MeshConfig(threshold="auto"), plan=plan)
+    tiles = texture_scene(result.mesh, splat, plan, result.level, CONFIG, VIEWS)
+    parts = split_by_tile(result.mesh, plan.grid.origin, plan.grid.spacing, plan.tile, plan.tiles)
+    assert len(tiles) == len(parts) >= 2
+    assert sum(t.mesh.num_faces for t in tiles) == result.mesh.num_faces
+    for tile, (_, part) in zip(tiles, parts, strict=True):
+        assert tile.stats["gaussians"] <= len(one) < tile.stats["gaussians_scene"]
+        _same_geometry(tile.mesh, part)
