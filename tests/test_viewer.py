@@ -3,7 +3,8 @@
 The browser tests drive the system's Chromium (Debian's ``chromium`` package, or the path in
 MICRODREAMER_CHROMIUM) through Playwright, software WebGL (SwiftShader); they skip, saying why, only
 where Playwright or that browser cannot be had. Each view is drawn at SIZE x SIZE CSS pixels
-(``?size=``) and compared with ``microdreamer render``'s azimuth-0 frame of the same file.
+(``?size=``) and compared with ``microdreamer render``'s azimuth-0 frame of the same file (a tileset: of
+the GLBs it shows, from the page's camera).
 """
 
 from __future__ import annotations
@@ -86,6 +87,31 @@ def job_folder(synthetic_splat, synthetic_mesh, tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def tileset(tmp_path_factory) -> tuple[Path, Path]:
+    """(the merged GLB, the tileset folder) of ``mesh --tiles 2 --tileset``: three spheres in an L (x and
+    y differ, so a turned or mirrored view shows), 3 leaves under a coarse root (refine REPLACE)."""
+    from microdreamer import cli
+    from test_scene import spheres
+
+    pytest.importorskip("skimage")
+    folder = tmp_path_factory.mktemp("tileset")
+    write_ply(spheres([(0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 0.8, 0.0)], n=800), folder / "scene.ply")
+    out = folder / "scene.glb"
+    argv = [
+        "mesh",
+        str(folder / "scene.ply"),
+        "-o",
+        str(out),
+        "--tiles",
+        "2",
+        "--tileset",
+        str(folder / "ts"),
+    ]
+    assert cli.main(argv) in (0, None)
+    return out, folder / "ts"
+
+
 def _textured_mesh() -> Mesh:
     """A seeded random textured quad pair (UVs, 8 x 8 texture)."""
     g = np.random.default_rng(3)
@@ -94,6 +120,10 @@ def _textured_mesh() -> Mesh:
     uv = vertices[:, :2].copy()
     texture = g.integers(0, 256, (8, 8, 3), dtype=np.uint8)
     return Mesh(vertices, faces, uv=uv, texture=texture)
+
+
+def _manifest_of(page) -> dict:
+    return json.loads(page.eval_on_selector("#md-manifest", "e => e.textContent"))
 
 
 def _manifest(index: Path) -> dict:
@@ -289,6 +319,70 @@ def test_vendored_files_are_the_pinned_build():
     assert needed and all(p in shipped for p in needed), [p.name for p in needed if p not in shipped]
 
 
+def _frame(camera: dict) -> tuple[np.ndarray, float]:
+    """(centre, radius) of the sphere a page camera frames (its distance is 1.1 r / sin(fovy / 2))."""
+    target = np.asarray(camera["target"])
+    distance = np.linalg.norm(np.asarray(camera["position"]) - target)
+    return target, float(distance * np.sin(np.radians(camera["fovy_deg"]) / 2) / 1.1)
+
+
+def test_tileset_view_copies_its_tiles_and_frames_the_root_box(tileset, tmp_path):
+    import trimesh
+
+    out, folder = tileset
+    doc = json.loads((folder / "tileset.json").read_text())
+    leaves = sorted(c["content"]["uri"] for c in doc["root"]["children"])
+    for path in (folder, folder / "tileset.json"):  # the folder, or its tileset.json
+        index = build_viewer([path], tmp_path / path.name)
+        (group,) = _manifest(index)["groups"]
+        (view,) = group["views"]
+        assert (group["kind"], view["kind"], view["format"]) == ("tileset", "tiles", "3dtiles")
+        assert view["stats"] == {
+            "tiles": 4,
+            "leaves": 3,
+            "refine": "REPLACE",
+            "bytes": view["stats"]["bytes"],
+        }
+        rel = view["url"].rsplit("/", 1)[0]
+        assert sorted(view["files"]) == sorted(
+            [view["url"], f"{rel}/tiles/root.glb", *(f"{rel}/{u}" for u in leaves)]
+        )
+        for f in view["files"]:
+            assert (index.parent / f).read_bytes() == (folder / f[len(rel) + 1 :]).read_bytes()
+    # the root's box is the scene's (y-up) bounding box; the camera frames the sphere through its corners
+    v = np.asarray(trimesh.load(out, force="mesh", process=False).vertices, np.float64)
+    lo, hi = v.min(0), v.max(0)
+    radius = np.linalg.norm(hi - lo) / 2
+    np.testing.assert_allclose(view["camera"]["target"], (lo + hi) / 2, atol=1e-5)
+    np.testing.assert_allclose(view["camera"]["position"], (lo + hi) / 2 + [0, 0, 1.1 * radius / np.sin(np.radians(24.55))],
+                               atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["root"]["children"][0]["content"].update(uri="../outside.glb"), "outside its folder"),
+        (lambda d: d["root"]["children"][0]["content"].update(uri="tiles/gone.glb"), "which is not in"),
+        (lambda d: d["root"]["children"][0]["content"].update(uri="tiles/a.b3dm"), "GLB files"),
+        (lambda d: d["root"].update(boundingVolume={"region": [0, 0, 1, 1, 0, 1]}), "neither a box"),
+        (lambda d: d["root"]["boundingVolume"].update(box=[0, 0, "x"]), "12 finite numbers"),
+        (lambda d: d.pop("root"), "no 'asset' and 'root'"),
+    ],
+)
+def test_bad_tileset_says_what_is_wrong(tileset, tmp_path, edit, message):
+    import shutil
+
+    folder = tmp_path / "ts"
+    shutil.copytree(tileset[1], folder)
+    (tmp_path / "outside.glb").write_bytes((folder / "tiles/root.glb").read_bytes())
+    doc = json.loads((folder / "tileset.json").read_text())
+    edit(doc)
+    (folder / "tileset.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=message):
+        build_viewer([folder], tmp_path / "v")
+    assert not (tmp_path / "v").exists()
+
+
 # ------------------------------------------------------------------ the page in Chromium
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
@@ -389,12 +483,17 @@ def assert_drawn_centred(image: np.ndarray) -> None:
     assert np.abs(centroid - 0.5).max() < 0.15, f"the object's centroid is at {centroid} of the view"
 
 
-def assert_matches_render(image: np.ndarray, source: Path, iou_min: float, mad_max: float) -> None:
-    """The view against `microdreamer render`'s azimuth-0 frame (same camera, white background):
-    silhouettes' intersection over union >= iou_min, mean absolute difference <= mad_max levels."""
+def assert_matches_render(
+    image: np.ndarray, source: Path, iou_min: float, mad_max: float, frame=None
+) -> None:
+    """The view against `microdreamer render`'s azimuth-0 frame (same camera, white background; ``frame``:
+    the (centre, radius) it frames, default the source's own): silhouettes' intersection over union
+    >= iou_min, mean absolute difference <= mad_max levels."""
     from microdreamer.jobs.turntable import load_renderable, turntable_frames
 
-    ref = next(turntable_frames(load_renderable(source), [0.0], size=SIZE))
+    if frame is not None:
+        frame = (torch.as_tensor(frame[0], dtype=torch.float32), frame[1])
+    ref = next(turntable_frames(load_renderable(source), [0.0], size=SIZE, frame=frame))
     a, b = foreground(image), foreground(ref)
     iou = (a & b).sum() / max((a | b).sum(), 1)
     mad = np.abs(image.astype(np.float64) - ref).mean()
@@ -513,6 +612,67 @@ def test_file_url_works_with_embedded_assets(browser, synthetic_splat, synthetic
     )
     for i in range(2):
         assert_drawn_centred(capture(opened.page, i))
+    opened.page.close()
+
+
+def _wait_for(page, condition: str) -> dict:
+    """The page's stats once its first view satisfies ``condition`` (JavaScript on ``v``) and is idle."""
+    page.wait_for_function(
+        "(() => { const s = JSON.parse(document.getElementById('md-stats').textContent);"
+        f" const v = s.views[0]; return s.state === 'error' || (v.idle && ({condition})); }})()",
+        timeout=LOAD_TIMEOUT_MS,
+    )
+    return json.loads(page.eval_on_selector("#md-stats", "e => e.textContent"))
+
+
+def test_tileset_streams_its_root_then_its_leaves(browser, served, tileset):
+    """Opened, the tileset shows its coarse root (its error is under 16 pixels at this distance) where the
+    renderer draws root.glb from the same camera; zoomed in, the leaves replace it: every face of the
+    scene, the full mesh's silhouette."""
+    out, folder = tileset
+    url = served([folder])
+    opened = open_viewer(browser, url + f"?size={SIZE}")
+    page = opened.page
+    assert opened.stats["state"] == "ready" and not opened.errors, opened.errors
+    (view,) = opened.stats["views"]
+    assert (
+        view["kind"] == "tiles" and view["visible_tiles"] == ["tiles/root.glb"] and view["tiles_failed"] == 0
+    )
+    (spec,) = _manifest_of(page)["groups"][0]["views"]
+    frame = _frame(spec["camera"])
+    image = capture(page)
+    assert_drawn_centred(image)  # a z-up tileset shown unturned would sit off centre (and fail below)
+    assert_matches_render(image, folder / "tiles/root.glb", MESH_IOU, MESH_MAD, frame)
+    box = page.locator("canvas").first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    for _ in range(25):  # OrbitControls: 0.95 of the distance a step; the leaves are due under about 1/3
+        page.mouse.wheel(0, -100)
+    stats = _wait_for(page, "!v.visible_tiles.includes('tiles/root.glb')")
+    assert stats["state"] == "ready" and not opened.errors, opened.errors
+    (view,) = stats["views"]
+    doc = json.loads((folder / "tileset.json").read_text())
+    assert view["visible_tiles"] == sorted(c["content"]["uri"] for c in doc["root"]["children"])
+    import trimesh
+
+    scene = trimesh.load(out, process=False)
+    assert view["triangles"] == sum(len(g.faces) for g in scene.geometry.values())
+    # OrbitControls dollies to 0.95 of the distance a wheel step of 100: the renderer's frame of a sphere
+    # 0.95^25 as large is seen from that distance
+    zoomed = (frame[0], frame[1] * 0.95**25)
+    assert_matches_render(capture(page), out, MESH_IOU, MESH_MAD, zoomed)
+    page.locator("figcaption button", has_text="reset view").click()  # back out: the root again
+    stats = _wait_for(page, "v.visible_tiles.length === 1 && v.visible_tiles[0] === 'tiles/root.glb'")
+    assert not opened.errors, opened.errors
+    assert_matches_render(capture(page), folder / "tiles/root.glb", MESH_IOU, MESH_MAD, frame)
+    page.close()
+
+
+def test_tileset_opens_from_a_file_url(browser, tileset, tmp_path):
+    index = build_viewer([tileset[1]], tmp_path / "v", embed=True)
+    opened = open_viewer(browser, index.as_uri() + f"?size={SIZE}")
+    assert opened.stats["state"] == "ready" and not opened.errors, opened.errors
+    assert opened.stats["views"][0]["visible_tiles"] == ["tiles/root.glb"]
+    assert_drawn_centred(capture(opened.page))
     opened.page.close()
 
 

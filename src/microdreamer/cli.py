@@ -188,13 +188,14 @@ COMMANDS = (
     ),
     Command(
         "view",
-        "a self-contained web viewer of meshes, splats and output folders (works offline)",
+        "a self-contained web viewer of meshes, splats, 3D Tiles tilesets and output folders (works offline)",
         None,
         (
             (
                 "paths",
                 "PATH...",
-                "meshes (.glb, .obj), splats (any splat format) or output folders of mesh/reconstruct/generate",
+                "meshes (.glb, .obj), splats (any splat format), tileset folders (mesh --tileset) or output "
+                "folders of mesh/reconstruct/generate",
                 "+",
             ),
         ),

@@ -1,11 +1,12 @@
-"""Write a self-contained viewer folder for meshes, splats and job output folders.
+"""Write a self-contained viewer folder for meshes, splats, 3D Tiles tilesets and job output folders.
 
 Layout of the folder :func:`build_viewer` writes::
 
     index.html             the page; its manifest (what to show, cameras, stats) is inline JSON
     viewer.js, viewer.css  the page's code (a classic script on the global ``MDV`` of the bundle)
     vendor/                mdv-vendor.min.js (three.js + Spark), their licences, VERSIONS
-    assets/<k>_<name>/     copies of the inputs (an OBJ with its MTL and textures)
+    assets/<k>_<name>/     copies of the inputs (an OBJ with its MTL and textures; a tileset's
+                           tileset.json and the GLBs it names, at the same relative paths)
     data.js                only when embedding: the assets again, base64, as a classic script
 
 Served over HTTP (:func:`microdreamer.viewer.serve`) the page fetches ``assets/``. Opened from
@@ -15,7 +16,9 @@ may load from a file; the page then hands the loaders ``blob:`` URLs of those by
 
 Cameras: the page opens on the view ``microdreamer render`` draws at azimuth 0 (from +z, y up,
 elevation 0, vertical field of view :data:`FOVY_DEG`, distance ``MARGIN * radius / sin(fovy / 2)``),
-with each object's centre and radius computed here by the same functions as the renderer's.
+with each object's centre and radius computed here by the same functions as the renderer's. A
+tileset's camera frames its root's bounding volume (turned from the tileset's z-up frame back to
+y-up): the sphere through the box's corners, not the vertices', which are not read here.
 """
 
 from __future__ import annotations
@@ -49,8 +52,10 @@ MARKER = "microdreamer-viewer"
 MESH_SUFFIXES = (".glb", ".obj")
 #: images of a job folder shown below its 3D views, in this order
 FOLDER_IMAGES = ("profile.png", "views.png")
+#: a folder holding this file is a 3D Tiles tileset (``microdreamer mesh --tileset DIR``)
+TILESET = "tileset.json"
 _MIME = {".glb": "model/gltf-binary", ".obj": "text/plain", ".mtl": "text/plain", ".ply": "application/octet-stream",
-         ".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}  # fmt: skip
+         ".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".json": "application/json"}  # fmt: skip
 
 
 @dataclass
@@ -66,12 +71,12 @@ class Camera:
 
 @dataclass
 class View:
-    """One 3D panel: a mesh or a splat, its camera and the stats known before loading."""
+    """One 3D panel: a mesh, a splat or a tileset, its camera and the stats known before loading."""
 
-    kind: str  # "mesh" | "splat"
+    kind: str  # "mesh" | "splat" | "tiles"
     name: str
     url: str  # relative to index.html
-    format: str  # "glb" | "obj" | "ply"
+    format: str  # "glb" | "obj" | "ply" | "3dtiles"
     camera: Camera
     stats: dict
     mtl: str | None = None  # OBJ: its material library, relative to index.html
@@ -84,7 +89,7 @@ class Group:
 
     name: str
     source: str
-    kind: str  # "mesh" | "splat" | "folder"
+    kind: str  # "mesh" | "splat" | "tileset" | "folder"
     views: list[View]
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # json file -> stage -> s
     scalars: dict[str, dict] = field(default_factory=dict)  # json file -> key -> value
@@ -230,6 +235,88 @@ def _mesh_view(path: Path, asset_dir: Path, rel: str) -> View:
     return View("mesh", path.name, url, kind, _camera(center, radius), stats, mtl=mtl, files=files)
 
 
+def _tileset_frame(volume, transform, source: Path):
+    """(centre [3], radius) in y-up world units of a tileset root's bounding volume (a ``box`` or a
+    ``sphere`` in the tileset's z-up frame, under the root's ``transform``, 16 numbers column-major)."""
+    import numpy as np
+
+    from microdreamer.scene.tileset import Y_UP_TO_Z_UP
+
+    def numbers(value, count: int, what: str) -> np.ndarray:
+        ok = isinstance(value, list) and len(value) == count
+        ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        out = np.asarray(value if ok else [], np.float64)
+        if not ok or not np.isfinite(out).all():
+            raise InputError(f"{source}: the root's {what} is not {count} finite numbers; fix the tileset")
+        return out
+
+    matrix = np.eye(4) if transform is None else numbers(transform, 16, "transform").reshape(4, 4).T
+    volume = volume if isinstance(volume, dict) else {}
+    if "box" in volume:
+        box = numbers(volume["box"], 12, "bounding box")
+        signs = np.array([[i, j, k] for i in (-1, 1) for j in (-1, 1) for k in (-1, 1)], np.float64)
+        points = box[:3] + signs @ box[3:].reshape(3, 3)  # [8, 3] the corners
+    elif "sphere" in volume:
+        sphere = numbers(volume["sphere"], 4, "bounding sphere")
+        points = sphere[:3] + abs(sphere[3]) * np.concatenate([np.eye(3), -np.eye(3)])  # [6, 3]
+    else:
+        raise InputError(f"{source}: the root's bounding volume is neither a box nor a sphere (a geographic "
+                         "region?); the viewer shows tilesets in their own frame, as mesh --tileset writes")  # fmt: skip
+    points = points @ matrix[:3, :3].T + matrix[:3, 3]
+    points = points @ Y_UP_TO_Z_UP  # z-up -> y-up: the rotation's inverse is its transpose
+    lo, hi = points.min(0), points.max(0)
+    centre = (lo + hi) / 2
+    return centre, max(float(np.linalg.norm(points - centre, axis=1).max()), 1e-30)
+
+
+def _tileset_view(folder: Path, asset_dir: Path, rel: str) -> View:
+    """Copy a 3D Tiles tileset (``tileset.json`` and the GLB each tile names, inside ``folder``) and frame
+    its root's bounding volume."""
+    from urllib.parse import unquote, urlsplit
+
+    from microdreamer.io_utils import resolve_inside
+
+    source = folder / TILESET
+    try:
+        doc = json.loads(source.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{source}: not readable JSON ({e}); give a tileset.json of OGC 3D Tiles") from None
+    root = doc.get("root") if isinstance(doc, dict) else None
+    if not isinstance(root, dict) or not isinstance(doc.get("asset"), dict):
+        raise InputError(f"{source}: no 'asset' and 'root' tile; give a tileset.json of OGC 3D Tiles")
+    center, radius = _tileset_frame(root.get("boundingVolume"), root.get("transform"), source)
+    uris, leaves, stack = [], 0, [root]
+    while stack:
+        tile = stack.pop()
+        contents = [tile["content"]] if isinstance(tile.get("content"), dict) else []
+        contents += [c for c in tile.get("contents") or [] if isinstance(c, dict)]
+        for content in contents:
+            uri = content.get("uri", content.get("url"))
+            name = unquote(urlsplit(uri).path) if isinstance(uri, str) else uri
+            if not isinstance(name, str) or not name.lower().endswith(".glb"):
+                raise InputError(f"{source}: a tile's content is {uri!r}; the viewer takes tilesets whose tiles "
+                                 "are GLB files (as mesh --tileset writes)")  # fmt: skip
+            uris.append(name)
+        children = [c for c in tile.get("children") or [] if isinstance(c, dict)]
+        leaves += not children and bool(contents)
+        stack.extend(children)
+    files = [f"{rel}/{TILESET}"]
+    shutil.copyfile(source, asset_dir / TILESET)
+    for name in dict.fromkeys(uris):
+        if not resolve_inside(folder, name, "tile", source).is_file():
+            raise InputError(
+                f"{source}: names tile {name}, which is not in {folder}; write the tileset again"
+            )
+        files.append(f"{rel}/{_copy_relative(folder, name, asset_dir, source, 'tile')}")
+    stats = {
+        "tiles": len(files) - 1,
+        "leaves": leaves,
+        "refine": root.get("refine", ""),
+        "bytes": int(sum((asset_dir.parent.parent / f).stat().st_size for f in files)),
+    }
+    return View("tiles", folder.name, files[0], "3dtiles", _camera(center, radius), stats, files=files)
+
+
 def _flat_scalars(data: dict, prefix: str = "", depth: int = 0) -> dict:
     """Numbers, strings and booleans of a JSON object, nested objects flattened as ``a.b`` (two levels)."""
     out: dict = {}
@@ -275,6 +362,9 @@ def _input_group(index: int, path: Path, root: Path, crop: str | None = None, sa
     rel = f"assets/{index}_{re.sub(r'[^A-Za-z0-9._-]+', '_', path.stem or 'input')}"
     asset_dir = root / rel
     asset_dir.mkdir(parents=True)
+    tileset = path if path.is_dir() else path.parent if path.name == TILESET else None
+    if tileset is not None and (tileset / TILESET).is_file():
+        return Group(tileset.name, str(path), "tileset", [_tileset_view(tileset, asset_dir, rel)])
     if path.is_dir():
         meshes = [p for s in MESH_SUFFIXES for p in sorted(path.glob(f"*{s}"))]
         splats = [p for s in SPLAT_SUFFIXES for p in sorted(path.glob(f"*{s}")) if is_splat(p)]
@@ -288,8 +378,8 @@ def _input_group(index: int, path: Path, root: Path, crop: str | None = None, sa
                 images.append({"name": name, "url": f"{rel}/{name}"})
         if not views and not images and not seconds:
             raise InputError(
-                f"{path}: no mesh (.glb/.obj), splat (.ply), {'/'.join(FOLDER_IMAGES)} or timings JSON "
-                "found; give an output folder of mesh, reconstruct or generate, or a file"
+                f"{path}: no mesh (.glb/.obj), splat (.ply), {TILESET}, {'/'.join(FOLDER_IMAGES)} or timings "
+                "JSON found; give an output folder of mesh, reconstruct or generate, or a file"
             )
         return Group(path.name, str(path), "folder", views, seconds, scalars, images)
     if is_splat(path):
@@ -302,7 +392,7 @@ def _input_group(index: int, path: Path, root: Path, crop: str | None = None, sa
             "GLB and OBJ meshes: convert a mesh PLY to GLB first"
         )
     raise InputError(f"{path}: unsupported input {path.suffix!r}; give a .glb or .obj mesh, a 3DGS .ply, "
-                     "or an output folder")  # fmt: skip
+                     f"a tileset folder ({TILESET}) or an output folder")  # fmt: skip
 
 
 def _write_embedded(root: Path, groups: list[Group]) -> None:
@@ -367,9 +457,10 @@ def build_viewer(
     """Write a viewer folder for ``paths`` into ``out_dir`` (replacing an earlier viewer there).
 
     Args:
-        paths: each a GLB/OBJ mesh (an OBJ with its MTL and textures), a 3DGS splat PLY, or an output
-            folder of ``mesh`` / ``reconstruct`` / ``generate`` (its mesh and splat side by side, the
-            per-stage seconds and scalars of its JSON files, ``profile.png`` and ``views.png``).
+        paths: each a GLB/OBJ mesh (an OBJ with its MTL and textures), a 3DGS splat PLY, a 3D Tiles
+            tileset of GLB tiles (a folder holding ``tileset.json``, or that file: ``mesh --tileset``),
+            or an output folder of ``mesh`` / ``reconstruct`` / ``generate`` (its mesh and splat side by
+            side, the per-stage seconds and scalars of its JSON files, ``profile.png`` and ``views.png``).
         out_dir: the folder to write; it must not exist, be empty, or hold an earlier viewer.
         title: the page's title (default: the inputs' names).
         embed: also write the assets into ``data.js`` so the page works from ``file://``; default:

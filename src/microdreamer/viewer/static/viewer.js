@@ -1,4 +1,5 @@
-// microdreamer viewer: meshes (three.js loaders) and 3DGS splats (Spark) from the page's manifest.
+// microdreamer viewer: meshes (three.js loaders), 3DGS splats (Spark) and 3D Tiles tilesets
+// (3d-tiles-renderer, streamed) from the page's manifest.
 //
 // A classic script (no ES modules, so the page also opens from file://) on the global MDV that
 // vendor/mdv-vendor.min.js defines. What the page loaded is published as JSON in #md-stats; its
@@ -44,7 +45,8 @@
     fail("vendor", "vendor/mdv-vendor.min.js did not load; rebuild the viewer");
     return;
   }
-  const { THREE, GLTFLoader, OBJLoader, MTLLoader, OrbitControls, SparkRenderer, SplatMesh } = window.MDV;
+  const { THREE, GLTFLoader, OBJLoader, MTLLoader, OrbitControls, SparkRenderer, SplatMesh, TilesRenderer } =
+    window.MDV;
   const manifest = JSON.parse(document.getElementById("md-manifest").textContent);
   const fromFile = location.protocol === "file:";
   // ?size=N: every 3D view N x N CSS pixels (tests and screenshots)
@@ -126,7 +128,7 @@
       stats.views.push(this.record);
       this.canvas = element.querySelector("canvas");
       this.infoEl = element.querySelector(".info");
-      this.renderer = new THREE.WebGLRenderer({ canvas: this.canvas, antialias: spec.kind === "mesh" });
+      this.renderer = new THREE.WebGLRenderer({ canvas: this.canvas, antialias: spec.kind !== "splat" });
       // meshes: no encode (textures are not decoded either); Spark decodes the splats' sRGB colours to
       // linear itself, so its views encode back
       this.renderer.outputColorSpace = spec.kind === "splat" ? THREE.SRGBColorSpace : THREE.LinearSRGBColorSpace;
@@ -216,7 +218,49 @@
     }
   }
 
+  // the meshes under root with two materials each: as loaded ("lit", textures taken as stored values)
+  // and unlit (MeshBasicMaterial, what `microdreamer render` shows); their vertex and triangle counts
+  function prepareMeshes(root) {
+    let vertices = 0;
+    let triangles = 0;
+    let coloured = false;
+    const meshes = [];
+    root.traverse((o) => {
+      if (!o.isMesh) return;
+      const g = o.geometry;
+      vertices += g.attributes.position.count;
+      triangles += (g.index ? g.index.count : g.attributes.position.count) / 3;
+      if (!g.attributes.normal) g.computeVertexNormals();
+      const lit = [].concat(o.material).map((m) => {
+        if (m.map) {
+          m.map.colorSpace = THREE.NoColorSpace; // stored values as they are (set before upload)
+          coloured = true;
+        }
+        if (g.attributes.color) coloured = true;
+        m.side = THREE.DoubleSide;
+        return m;
+      });
+      const unlit = lit.map((m) => new THREE.MeshBasicMaterial({
+        map: m.map || null,
+        color: m.map || g.attributes.color ? 0xffffff : 0xb3b3b3,
+        vertexColors: !!g.attributes.color,
+        side: THREE.DoubleSide,
+      }));
+      meshes.push({ mesh: o, lit: Array.isArray(o.material) ? lit : lit[0],
+        unlit: Array.isArray(o.material) ? unlit : unlit[0] });
+    });
+    return { meshes, vertices, triangles, coloured };
+  }
+
   class MeshView extends View {
+    addLights() {
+      const light = new THREE.HemisphereLight(0xffffff, 0x666666, 1.2);
+      const sun = new THREE.DirectionalLight(0xffffff, 1.6);
+      sun.position.set(1, 2, 3);
+      this.camera.add(sun);
+      this.scene.add(light, this.camera);
+    }
+
     async load() {
       const t0 = performance.now();
       const s = this.spec;
@@ -235,40 +279,10 @@
         root = await obj.loadAsync(s.url);
       }
       await manager.idle();
-      let vertices = 0;
-      let triangles = 0;
-      let coloured = false;
-      this.meshes = [];
-      root.traverse((o) => {
-        if (!o.isMesh) return;
-        const g = o.geometry;
-        vertices += g.attributes.position.count;
-        triangles += (g.index ? g.index.count : g.attributes.position.count) / 3;
-        if (!g.attributes.normal) g.computeVertexNormals();
-        const lit = [].concat(o.material).map((m) => {
-          if (m.map) {
-            m.map.colorSpace = THREE.NoColorSpace; // stored values as they are (set before upload)
-            coloured = true;
-          }
-          if (g.attributes.color) coloured = true;
-          m.side = THREE.DoubleSide;
-          return m;
-        });
-        const unlit = lit.map((m) => new THREE.MeshBasicMaterial({
-          map: m.map || null,
-          color: m.map || g.attributes.color ? 0xffffff : 0xb3b3b3,
-          vertexColors: !!g.attributes.color,
-          side: THREE.DoubleSide,
-        }));
-        this.meshes.push({ mesh: o, lit: Array.isArray(o.material) ? lit : lit[0],
-          unlit: Array.isArray(o.material) ? unlit : unlit[0] });
-      });
+      const { meshes, vertices, triangles, coloured } = prepareMeshes(root);
+      this.meshes = meshes;
       this.scene.add(root);
-      const light = new THREE.HemisphereLight(0xffffff, 0x666666, 1.2);
-      const sun = new THREE.DirectionalLight(0xffffff, 1.6);
-      sun.position.set(1, 2, 3);
-      this.camera.add(sun);
-      this.scene.add(light, this.camera);
+      this.addLights();
       this.setLit(!coloured); // colour as stored; plain geometry lit so its shape shows
       Object.assign(this.record, {
         loaded: true, vertices, triangles, textured: coloured, load_ms: Math.round(performance.now() - t0),
@@ -328,6 +342,109 @@
 
     settled() {
       return super.settled() && this.cleanFrames >= 3;
+    }
+  }
+
+  // A 3D Tiles tileset streamed by 3d-tiles-renderer: each frame its update() picks the tiles this camera
+  // needs (a coarse root, replaced by its leaves once they are worth their screen-space error) and loads
+  // them. The tileset is z-up; the group turns it back to the page's y-up. Embedded (file://), every
+  // file it asks for is handed over from data.js instead of fetched.
+  class TilesView extends MeshView {
+    async load() {
+      const t0 = performance.now();
+      const tiles = new TilesRenderer(this.spec.url);
+      const page = new URL(".", location.href).href;
+      tiles.registerPlugin({
+        name: "MDV_EMBEDDED",
+        fetchData: (url, options) => {
+          const href = new URL(url, location.href).href;
+          const blob = href.startsWith(page) && blobs.get(decodeURIComponent(href.slice(page.length)));
+          return blob ? fetch(blob, options) : null; // null: the renderer fetches it itself
+        },
+      });
+      tiles.group.rotation.x = -Math.PI / 2;
+      tiles.group.updateMatrixWorld(true);
+      tiles.setCamera(this.camera);
+      this.meshes = [];
+      this.lit = false;
+      const models = new Map(); // a tile's scene -> its meshes
+      tiles.addEventListener("load-model", ({ scene }) => {
+        const prepared = prepareMeshes(scene);
+        models.set(scene, prepared.meshes);
+        this.meshes.push(...prepared.meshes);
+        for (const m of prepared.meshes) m.mesh.material = this.lit ? m.lit : m.unlit;
+        this.dirty = true;
+      });
+      tiles.addEventListener("dispose-model", ({ scene }) => {
+        const gone = new Set(models.get(scene) || []);
+        models.delete(scene);
+        this.meshes = this.meshes.filter((m) => !gone.has(m));
+      });
+      for (const type of ["needs-update", "tile-visibility-change", "load-tileset"]) {
+        tiles.addEventListener(type, () => { this.dirty = true; });
+      }
+      const loaded = new Promise((ok, bad) => {
+        tiles.addEventListener("tiles-load-end", ok);
+        tiles.addEventListener("load-error", ({ error, url }) => {
+          const err = new Error(`${url}: ${error && error.message ? error.message : error}`);
+          if (this.record.loaded) fail(`tiles ${this.spec.url}`, err);
+          else bad(err);
+        });
+      });
+      this.scene.add(tiles.group);
+      this.addLights();
+      this.tiles = tiles;
+      this.dirty = true;
+      await loaded;
+      this.record.loaded = true;
+      this.record.load_ms = Math.round(performance.now() - t0);
+      this.dirty = true;
+    }
+
+    // the renderer's choice of tiles follows the camera, so it runs every frame (cheap when nothing
+    // changed); a frame is drawn when the camera moved or a tile came or went
+    draw() {
+      const tiles = this.tiles;
+      if (tiles) {
+        this.camera.updateMatrixWorld();
+        tiles.setResolutionFromRenderer(this.camera, this.renderer);
+        tiles.update();
+        this.report();
+      }
+      super.draw();
+    }
+
+    report() {
+      const tiles = this.tiles;
+      const visible = [...tiles.visibleTiles].map((t) => t.content && t.content.uri).filter(Boolean).sort();
+      let vertices = 0;
+      let triangles = 0;
+      tiles.group.traverse((o) => {
+        if (!o.isMesh || !o.visible) return;
+        const g = o.geometry;
+        vertices += g.attributes.position.count;
+        triangles += (g.index ? g.index.count : g.attributes.position.count) / 3;
+      });
+      const st = tiles.stats;
+      Object.assign(this.record, {
+        visible_tiles: visible, tiles_loaded: st.loaded, tiles_failed: st.failed,
+        loading: tiles.isLoading, vertices, triangles,
+      });
+      const rows = [
+        ["tiles shown", visible.length], ["tiles loaded / in file", `${st.loaded} / ${this.spec.stats.tiles}`],
+        ["triangles shown", triangles], ["size", `${(this.spec.stats.bytes / 1e6).toFixed(2)} MB`],
+      ];
+      if (this.record.load_ms !== undefined) rows.push(["first load", `${this.record.load_ms} ms`]);
+      const key = JSON.stringify(rows);
+      if (key !== this.infoKey) {
+        this.infoKey = key;
+        this.showInfo(rows);
+      }
+    }
+
+    // loaded, drawn, and nothing more to load for this camera
+    settled() {
+      return super.settled() && !!this.tiles && !this.tiles.isLoading;
     }
   }
 
@@ -395,13 +512,14 @@
       bar.append(reset);
       box.append(canvas, bar, el("dl", "info"));
       row.append(box);
-      const view = spec.kind === "splat" ? new SplatView(spec, box) : new MeshView(spec, box);
+      const Kind = { splat: SplatView, tiles: TilesView }[spec.kind] || MeshView;
+      const view = new Kind(spec, box);
       view.linked = () => !!(link && link.checked);
       reset.addEventListener("click", () => {
         view.reset();
         view.changed();
       });
-      if (spec.kind === "mesh") {
+      if (spec.kind === "mesh" || spec.kind === "tiles") {
         const lit = el("button", null, "lit / unlit");
         lit.addEventListener("click", () => view.setLit(!view.lit));
         bar.append(lit);
