@@ -545,3 +545,21 @@ def test_cleanup_is_the_same_with_either_components_backend(remove):
     np.testing.assert_array_equal(out.faces, ref.faces)
     np.testing.assert_array_equal(stats.face_source, ref_stats.face_source)
     assert stats == ref_stats and stats.components_removed >= 1
+
+
+def test_component_volumes_do_not_depend_on_the_threads(monkeypatch):
+    from microdreamer.mesh import cleanup
+
+    g = np.random.default_rng(5)
+    vertices = g.normal(size=(500, 3)).astype(np.float32)
+    faces = g.integers(0, 500, (10_001, 3))
+    label = g.integers(0, 7, 10_001)
+    lo, hi = vertices.min(0).astype(np.float64), vertices.max(0).astype(np.float64)
+    monkeypatch.setattr(cleanup, "VOLUME_CHUNK", 1000)  # 11 parts, the last of one face
+    monkeypatch.setattr(cleanup, "VOLUME_WORKERS", 1)
+    serial = cleanup._component_volumes(vertices, faces, label, 8, lo, hi)
+    monkeypatch.setattr(cleanup, "VOLUME_WORKERS", 4)
+    monkeypatch.setattr(cleanup.os, "cpu_count", lambda: 4)
+    threaded = cleanup._component_volumes(vertices, faces, label, 8, lo, hi)
+    np.testing.assert_array_equal(threaded, serial)  # the same sums in the same order: equal bits
+    assert serial[7] == 0.0
