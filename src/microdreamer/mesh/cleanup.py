@@ -271,8 +271,9 @@ def cleanup_mesh_with_stats(
             stats.faces_in_cavities = int(counts[cavity].sum())
             keep_label &= ~cavity
         if stats.components_removed or stats.cavities_removed:
-            faces = np.compress(keep_label[face_label], faces, axis=0)
-            source = np.compress(keep_label[face_label], source)
+            keep = keep_label[face_label]
+            faces = np.compress(keep, faces, axis=0)
+            source = np.compress(keep, source)
 
     out = Mesh(vertices, faces, mesh.vertex_colors).subset_faces(slice(None))
     stats.vertices_out, stats.faces_out = out.num_vertices, out.num_faces
