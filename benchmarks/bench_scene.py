@@ -2,7 +2,7 @@
 shared guitar capture (copies on a grid on the ground, each moved and turned by a seeded jitter).
 
     python benchmarks/bench_scene.py [--gaussians 1000000] [--modes tiles,tiles-w2,dense] [--device cpu|cuda]
-                                     [--texture field] [--keep DIR] [--out PATH]
+                                     [--texture field] [--tile-threads 1,4] [--keep DIR] [--out PATH]
 
     # on a GPU: the tiles in-process (after a warm-up on one guitar) and through the command
     python benchmarks/bench_scene.py --gaussians 4000000 --modes tiles --device cuda --max-rss 60
@@ -27,6 +27,7 @@ above ~8 GB resident on a shared machine (the dense path reached 20 GB at 4M).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import re
@@ -172,16 +173,19 @@ def card_name() -> str:
     return (m.group(1) if m else re.sub(r"\W+", "_", name)).lower()
 
 
-def in_process(gaussians: int, device: str, colors: bool) -> dict:
+def in_process(gaussians: int, device: str, colors: bool, threads: int = 1) -> dict:
     """:func:`~microdreamer.scene.scene_to_mesh` on :func:`scene_splat`'s scene in this process, with the
     mesh command's default settings, after one warm-up call on a single guitar: wall and stage seconds,
-    faces, peak GPU memory of the timed call, and this process's peak resident memory (the scene included)."""
+    faces, peak GPU memory of the timed call, and this process's peak resident memory (the scene included).
+    ``threads`` > 1: the tiles on that many threads (:func:`~microdreamer.scene.threaded_tiles`);
+    ``mesh_sha1`` (vertices, faces, colours) tells whether two runs made the same mesh."""
     import resource
 
+    import numpy as np
     import torch
 
     from microdreamer.config import ExportConfig
-    from microdreamer.scene import scene_to_mesh
+    from microdreamer.scene import scene_to_mesh, threaded_tiles
 
     config = ExportConfig()
     warm, _, _ = scene_splat(1)
@@ -193,9 +197,14 @@ def in_process(gaussians: int, device: str, colors: bool) -> dict:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     result = scene_to_mesh(
-        splat, config.field, config.mesh, tile=config.scene.tile, colors=colors, device=device
-    )
+        splat, config.field, config.mesh, tile=config.scene.tile, colors=colors, device=device,
+        map_tiles=threaded_tiles(threads) if threads > 1 else None,
+    )  # fmt: skip
     wall = time.perf_counter() - start
+    digest = hashlib.sha1()
+    for a in (result.mesh.vertices, result.mesh.faces, result.mesh.vertex_colors):
+        if a is not None:
+            digest.update(np.ascontiguousarray(a).tobytes())
     out = {
         "wall_seconds": round(wall, 2),
         "stage_seconds": {k: round(v, 3) for k, v in result.stats["seconds"].items()},
@@ -205,6 +214,13 @@ def in_process(gaussians: int, device: str, colors: bool) -> dict:
         "tiles_with_gaussians": result.stats["tiles_with_gaussians"],
         "grid_shape": result.stats["grid_shape"],
         "backend": result.stats["backend"],
+        **(
+            {"worker_seconds": {k: round(v, 3) for k, v in result.stats["worker_seconds"].items()}}
+            if "worker_seconds" in result.stats
+            else {}
+        ),
+        "tile_threads": threads,
+        "mesh_sha1": digest.hexdigest(),
     }
     if cuda:
         out["peak_gpu_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
@@ -221,6 +237,8 @@ def main() -> None:
         "--dense-texture", default="none", help="the dense run's --texture (its field bake held 15 GB at 1M)"
     )
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the mesh command's --device")
+    ap.add_argument("--tile-threads", default="1",
+                    help="comma-separated thread counts of the in-process tiles (CUDA), e.g. 1,4")  # fmt: skip
     ap.add_argument("--keep", type=Path, default=None, help="keep the scene, meshes and logs in this folder")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -230,10 +248,11 @@ def main() -> None:
     out_json = args.out or ROOT / "benchmarks" / "results" / f"scene_{args.gaussians // 1000}k{card}.json"
     runs = {}
     if args.device == "cuda" and "tiles" in args.modes.split(","):
-        runs["in-process"] = in_process(args.gaussians, args.device, args.texture != "none")
-        r = runs["in-process"]
-        print(f"in-process: wall {r['wall_seconds']} s, peak GPU {r['peak_gpu_GiB']} GiB, peak RSS "
-              f"{r['peak_rss_GiB']} GiB, {r['faces']} faces")  # fmt: skip
+        for threads in (int(x) for x in args.tile_threads.split(",")):
+            name = "in-process" if threads == 1 else f"in-process-t{threads}"
+            runs[name] = r = in_process(args.gaussians, args.device, args.texture != "none", threads)
+            print(f"{name}: wall {r['wall_seconds']} s, peak GPU {r['peak_gpu_GiB']} GiB, peak RSS "
+                  f"{r['peak_rss_GiB']} GiB, {r['faces']} faces, mesh {r['mesh_sha1'][:12]}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import pytest
 import torch
 import trimesh
 
+from microdreamer.kernels import cpu as cpu_kernels
 from microdreamer.mesh import (
     GridVertices,
     Mesh,
@@ -23,10 +24,12 @@ from microdreamer.mesh import (
     marching_cubes,
     marching_cubes_on_grid,
 )
-from microdreamer.mesh.cleanup import CAVITY_EPS
+from microdreamer.mesh.cleanup import CAVITY_EPS, _first_unique_rows, _vertex_components
 from microdreamer.mesh.cleanup_torch import cleanup_mesh_torch
 from microdreamer.mesh.marching_torch import TensorMesh
 from microdreamer.synthetic import noisy_splat
+
+needs_cpp = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler for the CPU kernels")
 
 # ---------------------------------------------------------------------------------------------------
 # input builders (shared with benchmarks/bench_mesh_stage.py)
@@ -456,3 +459,107 @@ def test_splat_to_mesh_keeps_the_voids_in_upstream_mode(monkeypatch):
             splat, FieldConfig(resolution=32, mode=mode), MeshConfig(threshold=0.5), torch.device("cpu")
         )
     assert seen == [True, False]
+
+
+def plain_first_unique(faces: np.ndarray) -> np.ndarray:
+    seen, keep = set(), []
+    for row in faces.tolist():
+        key = tuple(sorted(row))
+        keep.append(key not in seen)
+        seen.add(key)
+    return np.array(keep, bool)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("num_vertices", [1, 50, 1_999_999, 2_000_000, 2**32, 3**40])
+def test_first_unique_rows_matches_a_plain_reference(seed, num_vertices):
+    # faces use vertices 0..min(V, 50) - 1 whatever V says: V only sets the key. From V = 2M on the key wraps
+    # around; at V = 2^32, (lo * V + mid) * V + hi = hi + mid * V (mod 2^64), so faces that differ only in
+    # their smallest corner share a key: the exact comparison sorts them out
+    g = np.random.default_rng(seed)
+    top = min(num_vertices, 50)
+    for size in (1, 2, 7, 300):
+        faces = g.integers(0, top, (size, 3))
+        if size > 2:
+            faces[size // 2 :] = faces[: size - size // 2][:, g.permutation(3)]  # duplicates, any winding
+            faces = faces[g.permutation(size)]
+        np.testing.assert_array_equal(_first_unique_rows(faces, num_vertices), plain_first_unique(faces))
+
+
+def test_first_unique_rows_with_colliding_keys_and_no_duplicate():
+    lo = np.arange(10)
+    faces = np.stack([lo, np.full(10, 20), np.full(10, 30)], 1)  # one key at V = 2^32, ten distinct faces
+    assert _first_unique_rows(faces, 2**32).all()
+    faces = np.concatenate([faces, faces[[3, 7]][:, ::-1]])
+    np.testing.assert_array_equal(_first_unique_rows(faces, 2**32), plain_first_unique(faces))
+
+
+def random_faces(g: np.random.Generator, num_vertices: int, num_faces: int) -> np.ndarray:
+    """Strips of faces over a shuffled vertex order: many components, unused vertices, repeated corners."""
+    if num_vertices == 0 or num_faces == 0:
+        return np.zeros((0, 3), np.int64)
+    order = g.permutation(num_vertices)
+    start = g.integers(0, num_vertices, num_faces)
+    step = g.integers(1, 3, (num_faces, 2))
+    idx = np.stack([start, start + step[:, 0], start + step[:, 0] + step[:, 1]], 1) % num_vertices
+    return order[idx]
+
+
+@needs_cpp
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(("num_vertices", "num_faces"), [(0, 0), (1, 0), (1, 1), (5, 0), (3, 1), (97, 20),
+                                                        (1000, 300), (1000, 700), (20_011, 30_000)])  # fmt: skip
+def test_vertex_components_cpp_equals_scipy(seed, num_vertices, num_faces):
+    faces = random_faces(np.random.default_rng(seed), num_vertices, num_faces)
+    count, labels = _vertex_components(faces, num_vertices, "cpp")
+    ref_count, ref_labels = _vertex_components(faces, num_vertices, "scipy")
+    assert count == ref_count
+    assert labels.dtype == np.int32
+    np.testing.assert_array_equal(labels, ref_labels)
+
+
+@needs_cpp
+def test_vertex_components_checks_its_inputs():
+    faces = torch.tensor([[0, 1, 2]])
+    with pytest.raises(ValueError, match="0..2"):
+        cpu_kernels.vertex_components(faces, 3 - 1)
+    with pytest.raises(ValueError, match="int64"):
+        cpu_kernels.vertex_components(faces.int(), 3)
+    with pytest.raises(ValueError, match="shape"):
+        cpu_kernels.vertex_components(faces[:, :2], 3)
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_kernels.vertex_components(torch.tensor([[0, 1, 2, 0], [2, 1, 0, 0]])[:, :3], 3)
+    with pytest.raises(ValueError, match="backend"):
+        _vertex_components(faces.numpy(), 3, "cuda")
+
+
+@needs_cpp
+@pytest.mark.parametrize("remove", [True, False])
+def test_cleanup_is_the_same_with_either_components_backend(remove):
+    values, origin, spacing = field_case(2)
+    mesh, _ = marching_cubes_on_grid(values, 1.0, origin, spacing)
+    config = MeshConfig(min_component_fraction=0.01, remove_cavities=remove)
+    out, stats = cleanup_mesh_with_stats(mesh, config, backend="cpp")
+    ref, ref_stats = cleanup_mesh_with_stats(mesh, config, backend="scipy")
+    np.testing.assert_array_equal(out.vertices, ref.vertices)
+    np.testing.assert_array_equal(out.faces, ref.faces)
+    np.testing.assert_array_equal(stats.face_source, ref_stats.face_source)
+    assert stats == ref_stats and stats.components_removed >= 1
+
+
+def test_component_volumes_do_not_depend_on_the_threads(monkeypatch):
+    from microdreamer.mesh import cleanup
+
+    g = np.random.default_rng(5)
+    vertices = g.normal(size=(500, 3)).astype(np.float32)
+    faces = g.integers(0, 500, (10_001, 3))
+    label = g.integers(0, 7, 10_001)
+    lo, hi = vertices.min(0).astype(np.float64), vertices.max(0).astype(np.float64)
+    monkeypatch.setattr(cleanup, "VOLUME_CHUNK", 1000)  # 11 parts, the last of one face
+    monkeypatch.setattr(cleanup, "VOLUME_WORKERS", 1)
+    serial = cleanup._component_volumes(vertices, faces, label, 8, lo, hi)
+    monkeypatch.setattr(cleanup, "VOLUME_WORKERS", 4)
+    monkeypatch.setattr(cleanup.os, "cpu_count", lambda: 4)
+    threaded = cleanup._component_volumes(vertices, faces, label, 8, lo, hi)
+    np.testing.assert_array_equal(threaded, serial)  # the same sums in the same order: equal bits
+    assert serial[7] == 0.0

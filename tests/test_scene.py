@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from microdreamer.config import FieldConfig, MeshConfig
-from microdreamer.scene import plan_scene, scene_to_mesh
+from microdreamer.scene import plan_scene, scene_to_mesh, threaded_tiles
 from microdreamer.splat import Splat
 from microdreamer.synthetic import surface_splat
 
@@ -85,6 +85,23 @@ def _assert_same_mesh(one, many):
 def test_any_tiling_gives_the_same_mesh(scene, count):
     _, results = scene
     _assert_same_mesh(results[1], results[count])
+
+
+def test_threaded_tiles_give_the_same_mesh(scene):
+    """Tiles on threads: the same pieces in the same order, so the same arrays (colours included)."""
+    splat, results = scene
+    plan = retile(results[8].plan, results[8].plan.tile)  # not binned yet: the threads must not race to it
+    config = MeshConfig(threshold="auto")
+    serial = scene_to_mesh(splat, FieldConfig(), config, plan=plan, colors=True)
+    threaded = scene_to_mesh(splat, FieldConfig(), config, plan=retile(plan, plan.tile), colors=True,
+                             map_tiles=threaded_tiles(3))  # fmt: skip
+    np.testing.assert_array_equal(serial.mesh.faces, results[8].mesh.faces)
+    for a, b in ((serial.mesh.vertices, threaded.mesh.vertices), (serial.mesh.faces, threaded.mesh.faces),
+                 (serial.mesh.vertex_colors, threaded.mesh.vertex_colors), (serial.face_tile, threaded.face_tile)):  # fmt: skip
+        np.testing.assert_array_equal(a, b)
+    assert threaded.level == serial.level and "tiles" in threaded.stats["seconds"]
+    with pytest.raises(ValueError, match="workers"):
+        threaded_tiles(0)
 
 
 def _assert_same_surface(a, b):

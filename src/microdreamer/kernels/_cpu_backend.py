@@ -69,6 +69,7 @@ SIGNATURES: dict[str, list] = {
     "md_row_spans": [_ptr, _ptr, _i64, _i64, _i64, _f64, _ptr, _ptr, _ptr, _ptr, _i64],
     "md_run_conflicts": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr],
     "md_face_components": [_ptr, _ptr, _i64, _ptr],
+    "md_vertex_components": [_ptr, _i64, _i64, _ptr],
 }
 
 _library: ctypes.CDLL | None = None

@@ -6,8 +6,10 @@ parts that run on Python threads (a ctypes call releases the GIL). The semantics
 the choice between them live in the stage modules that call these: :mod:`microdreamer.field` (its
 ``"cpp"`` backend), :mod:`microdreamer.render.gaussians`
 (its ``"cpp"`` backend), :mod:`microdreamer.render.mesh` (``rasterize_depth``'s ``"cpp"`` backend),
-:mod:`microdreamer.texture.bake` (its ``"cpp"`` projection backend) and :mod:`microdreamer.texture.charts` (the
-packer, the ``"cpp"`` backend of its slab extents, row spans and their overlaps, and of its connected components). Importing this module compiles nothing.
+:mod:`microdreamer.texture.bake` (its ``"cpp"`` projection backend), :mod:`microdreamer.texture.charts` (the
+packer, the ``"cpp"`` backend of its slab extents, row spans and their overlaps, and of its connected components)
+and :mod:`microdreamer.mesh.cleanup` (the ``"cpp"`` backend of its vertex components). Importing this module
+compiles nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "skyline_pack",
     "slab_extents",
     "usable",
+    "vertex_components",
 ]
 
 logger = logging.getLogger(__name__)
@@ -504,3 +507,31 @@ def face_components(neighbours: torch.Tensor, same: torch.Tensor) -> torch.Tenso
     if f:
         _cpu_backend.load().md_face_components(neighbours.data_ptr(), same.data_ptr(), f, root.data_ptr())
     return root
+
+
+def vertex_components(faces: torch.Tensor, num_vertices: int) -> tuple[int, torch.Tensor]:
+    """:func:`microdreamer.mesh.cleanup._vertex_components` in C++ (union-find): the same count and labels.
+
+    Args:
+        faces: [F, 3] int64 CPU, each in 0..num_vertices - 1.
+        num_vertices: V, below 2^31.
+
+    Returns:
+        ``(count, labels)``: labels [V] int32, the components numbered in the order of their smallest vertex
+        (a vertex no face uses is a component of its own).
+    """
+    if faces.dim() != 2 or faces.shape[1] != 3:
+        raise ValueError(f"faces must have shape [F, 3], got {list(faces.shape)}")
+    f = faces.shape[0]
+    _check(faces, "faces", torch.int64, (f, 3))
+    if not 0 <= num_vertices < 2**31:
+        raise ValueError(f"num_vertices must be in 0..2^31 - 1, got {num_vertices}")
+    if f and (int(faces.min()) < 0 or int(faces.max()) >= num_vertices):
+        raise ValueError(
+            f"faces must hold vertices in 0..{num_vertices - 1}, got {int(faces.min())}..{int(faces.max())}"
+        )
+    labels = torch.empty(num_vertices, dtype=torch.int32)
+    if num_vertices == 0:
+        return 0, labels
+    count = _cpu_backend.load().md_vertex_components(faces.data_ptr(), f, num_vertices, labels.data_ptr())
+    return int(count), labels

@@ -15,6 +15,7 @@ from microdreamer.scene.tiles import (
     TilePiece,
     plan_scene,
     scene_to_mesh,
+    threaded_tiles,
     tile_of_points,
     weld_pieces,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "TilePiece",
     "plan_scene",
     "scene_to_mesh",
+    "threaded_tiles",
     "tile_of_points",
     "weld_pieces",
 ]

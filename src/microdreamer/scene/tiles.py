@@ -768,6 +768,36 @@ def serial_tiles(
         yield fn(plan, t, counter=counter, seconds=seconds, **kwargs), counter, seconds
 
 
+def threaded_tiles(workers: int) -> TileMap:
+    """A :data:`TileMap` running the tiles on ``workers`` threads of this process, results in tile order.
+
+    Each tile's work is the one :func:`serial_tiles` runs (tiles share nothing but the read-only plan), so
+    the pieces, and the mesh, are the same. Meant for a device plan: marching cubes (scikit-image holds
+    the GIL, ~half of a tile's marching) then overlaps the other tiles' NumPy work and device waits (both
+    release it). On a CPU plan the field kernel already uses every core (:mod:`microdreamer.kernels.cpu`).
+    Memory: up to ``workers`` tiles' work at once (host and device), so ``memory`` budgets are per thread.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+
+    def map_tiles(fn: Callable, plan: ScenePlan, tiles: Sequence[int], kwargs: dict):
+        if workers == 1 or len(tiles) <= 1:
+            yield from serial_tiles(fn, plan, tiles, kwargs)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        plan.gaussians_of(tiles[0])  # bins the Gaussians once, before the threads share the plan
+
+        def one(t: int):
+            counter, seconds = MemoryCounter(), {}
+            return fn(plan, t, counter=counter, seconds=seconds, **kwargs), counter, seconds
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            yield from pool.map(one, tiles)
+
+    return map_tiles
+
+
 def _merge_memory(total: MemoryCounter, tile: MemoryCounter) -> None:
     """Fold one tile's counter into the run's: the peak of one tile's work, per worker."""
     total.peak = max(total.peak, total.current + tile.peak)

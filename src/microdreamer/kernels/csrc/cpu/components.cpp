@@ -40,3 +40,27 @@ extern "C" int64_t md_face_components(const int64_t* nbr,   // [F, 3], -1 = no n
   for (int64_t f = 0; f < f_count; ++f) root[f] = find(parent, f);
   return 0;
 }
+
+// label[v] = the component of vertex v, where the vertices of each face are joined (edges v0-v1, v1-v2);
+// components are numbered in the order of their smallest vertex (scipy.sparse.csgraph.connected_components'
+// numbering), a vertex no face uses being a component of its own. Returns the number of components.
+extern "C" int64_t md_vertex_components(const int64_t* faces,  // [F, 3], each in 0..v_count - 1
+                                        int64_t f_count, int64_t v_count, int32_t* label) {
+  std::vector<int64_t> parent(static_cast<size_t>(v_count));
+  for (int64_t v = 0; v < v_count; ++v) parent[v] = v;
+  for (int64_t f = 0; f < f_count; ++f) {
+    for (int k = 0; k < 2; ++k) {
+      const int64_t a = find(parent, faces[3 * f + k]), b = find(parent, faces[3 * f + k + 1]);
+      if (a < b)
+        parent[b] = a;
+      else if (b < a)
+        parent[a] = b;
+    }
+  }
+  int64_t n = 0;
+  for (int64_t v = 0; v < v_count; ++v) {
+    const int64_t r = find(parent, v);  // r <= v: labelled already when r < v
+    label[v] = r == v ? static_cast<int32_t>(n++) : label[r];
+  }
+  return n;
+}
