@@ -9,7 +9,7 @@ import torch
 
 from microdreamer.config import BakeConfig, BakeViewsConfig, FieldConfig, MeshConfig, TextureConfig
 from microdreamer.scene import plan_scene, scene_to_mesh
-from microdreamer.scene.texture import TileViews, split_by_tile, texture_scene, texture_tile
+from microdreamer.scene.texture import TileViews, texture_scene, texture_tile
 from microdreamer.splat import SH_C0, Splat
 from microdreamer.synthetic import surface_splat, tangent_splat
 
@@ -151,10 +151,13 @@ def test_scene_tiles_render_only_their_neighbourhood():
     splat = cat(one, far)
     plan = plan_scene(splat, FieldConfig(), tiles_along_longest=4)
     result = scene_to_mesh(splat, FieldConfig(), MeshConfig(threshold="auto"), plan=plan)
-    tiles = texture_scene(result.mesh, splat, plan, result.level, CONFIG, VIEWS)
-    parts = split_by_tile(result.mesh, plan.grid.origin, plan.grid.spacing, plan.tile, plan.tiles)
-    assert len(tiles) == len(parts) >= 2
+    lines = []
+    tiles = texture_scene(result, splat, CONFIG, VIEWS, progress=lines.append)
+    parts = result.tile_meshes()
+    assert len(tiles) == len(parts) == len(lines) >= 2
     assert sum(t.mesh.num_faces for t in tiles) == result.mesh.num_faces
-    for tile, (_, part) in zip(tiles, parts, strict=True):
+    assert all(line.split(", ")[1].startswith("ring") for line in lines), lines
+    for tile, (t, part) in zip(tiles, parts, strict=True):
+        assert tile.stats["tile"] == t
         assert tile.stats["gaussians"] <= len(one) < tile.stats["gaussians_scene"]
         _same_geometry(tile.mesh, part)
