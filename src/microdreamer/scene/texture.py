@@ -468,3 +468,19 @@ def texture_scene(
         say(f"texture: tile {n + 1}/{len(parts)}: {part.num_faces:,} faces, {describe_tile(result.stats)}")
         out.append(result)
     return out
+
+
+def tile_vertex_colours(scene: SceneResult, tiles: list[TileTexture]) -> np.ndarray:
+    """[V, 3] float32 the colours of ``scene.mesh``'s vertices from the tiles' textures (``tiles`` as
+    :func:`texture_scene` made them): each vertex the mean of its corners' texture samples over every face
+    that uses it, in every tile. A tile's faces are the scene's faces of that tile, in order, so its
+    corners map back to the scene's vertices face by face."""
+    mesh = scene.mesh
+    total = np.zeros((mesh.num_vertices, 3), np.float64)
+    count = np.zeros(mesh.num_vertices, np.int64)
+    for tile in tiles:
+        faces = mesh.faces[scene.face_tile == tile.stats["tile"]].reshape(-1)
+        colours = tile.mesh.colors_at_vertices()[tile.mesh.faces.reshape(-1)]
+        np.add.at(total, faces, colours)
+        np.add.at(count, faces, 1)
+    return (total / np.maximum(count, 1)[:, None]).astype(np.float32)
