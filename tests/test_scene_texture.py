@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -249,3 +252,37 @@ def test_tile_vertex_colours_are_the_textures_at_the_vertices():
         faces = result.mesh.faces[result.face_tile == tile.stats["tile"]]
         sampled = tile.mesh.colors_at_vertices()[tile.mesh.faces]
         assert np.median(np.abs(colours[faces] - sampled)) < 0.02
+
+
+def test_room_keeps_its_inner_walls_and_is_baked_from_inside(tmp_path, capsys):
+    """``mesh --tiles`` at the defaults keeps a closed room's inner walls (the cleanup's cavities are kept in
+    a scene) and the bake textures them from free space."""
+    from microdreamer import cli
+    from microdreamer.splat import write_ply
+    from test_tileset import glb_json
+
+    write_ply(cat(box_layer(1.0, INNER), box_layer(1.12, OUTER)), tmp_path / "room.ply")
+    (tmp_path / "small.yaml").write_text(SMALL_BAKE)
+    rc = cli.main(["mesh", str(tmp_path / "room.ply"), "-o", str(tmp_path / "room.glb"), "--tiles", "1",
+                   "--tile-texture", "bake", "--texture-size", "128", "--config", str(tmp_path / "small.yaml")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc in (0, None)
+    assert "baked in 1 tiles (1 free-space)" in out, out  # the ring alone would see the outer walls whole
+    doc = glb_json(tmp_path / "room.glb")
+    assert len(doc["materials"]) == 1
+
+
+def test_scene_cavities_are_kept_unless_asked():
+    from microdreamer.config import ExportConfig, SceneConfig
+    from microdreamer.jobs.export import export_mesh
+
+    splat = cat(box_layer(1.0, INNER), box_layer(1.12, OUTER))
+    for remove in (False, True):
+        config = ExportConfig(
+            texture=TextureConfig(mode="none"), scene=SceneConfig(tiles=1, remove_cavities=remove)
+        )
+        with tempfile.TemporaryDirectory() as folder:
+            result = export_mesh(splat, Path(folder) / "room.ply", config, torch.device("cpu"))
+        inner = _inner_faces(result.mesh)
+        assert result.convert.mesh_stats["cavities_removed"] == int(remove)
+        assert (inner.mean() > 0.2) if not remove else not inner.any()

@@ -1124,6 +1124,13 @@ class SceneConfig(Config):
             :func:`microdreamer.scene.texture.texture_tile`, from views each tile chooses: about 25 s a
             tile there, ``benchmarks/results/scene_texture_1000k.json``); a bake writes a ``.glb`` (a
             material and image per tile's node) and the tileset's tiles.
+        remove_cavities: the cleanup's ``MeshConfig.remove_cavities`` for a scene. Off: a closed room's
+            inner walls are a cavity (closed, wound inward) and the surface a room capture is about. No rule
+            on the cavity's shape tells them from a hollow object's inner shell (measured at the defaults:
+            the room of ``tests/test_scene_texture.py`` encloses 0.35-0.46 of its outer shell's volume
+            behind walls 3.9-5.6 voxels thick, 27 voxels across; ``bench_fidelity``'s capture-like shell
+            object 0.53-0.56 behind 3.5-4.6 voxels, 64-86 across), so a scene keeps them; on drops them as
+            the object path does.
     """
 
     tiles: int | str = setting("off", "off: one dense grid; auto or N: the scene meshed in tiles (N along "
@@ -1139,6 +1146,7 @@ class SceneConfig(Config):
     texture: str = setting("colors", "tiled mode's colour: colors (vertex colours from the splat's colour "
                            "field, fast) or bake (a UV texture per tile from views each tile chooses, about "
                            "25 s a tile on a 2-core CPU; needs a .glb)", choices=TILE_TEXTURES)  # fmt: skip
+    remove_cavities: bool = False
 
     def validate(self) -> None:
         self.choose("texture", TILE_TEXTURES)

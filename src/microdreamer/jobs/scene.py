@@ -7,6 +7,9 @@ each tile its own UV texture (:func:`microdreamer.scene.texture.texture_scene`: 
 the ring of outside views, a tile inside a room from free-space positions), about 25 s a tile on a 2-core
 CPU. ``--texture none`` leaves the mesh uncoloured.
 
+Cleanup: as the object path's, except that a scene keeps the walls of enclosed voids
+(``scene.remove_cavities``, off): a closed room's inner walls are one.
+
 Device: on a CUDA device the tiles' fields, colour fields and iso-level alphas run there
 (:mod:`microdreamer.scene.tiles`, backend ``"cuda"``, or the PyTorch reference where the kernels do not
 load); marching cubes, the weld and the cleanup stay on the CPU.
@@ -24,6 +27,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +114,7 @@ def export_scene(
             result = scene_to_mesh(
                 splat.to("cpu"),
                 config.field,
-                config.mesh,
+                replace(config.mesh, remove_cavities=config.mesh.remove_cavities and scene.remove_cavities),
                 tile=scene.tile,
                 voxel=scene.voxel,
                 tiles_along_longest=scene.tiles if isinstance(scene.tiles, int) else None,
