@@ -53,7 +53,7 @@ def main() -> None:
     plan = plan_scene(guitar, FieldConfig(), tiles_along_longest=1)
     alone = scene_to_mesh(guitar, FieldConfig(), MeshConfig(threshold="auto"), colors=True, plan=plan)
     t = time.perf_counter()
-    tiles = texture_scene(alone.mesh, guitar, plan, alone.level, config)
+    tiles = texture_scene(alone, guitar, config)
     bake_seconds = time.perf_counter() - t
     out["guitar_one_tile"] = {
         "vertex colours": measure(alone.mesh, cams, ref),
@@ -71,7 +71,7 @@ def main() -> None:
         result = scene_to_mesh(scene, FieldConfig(), MeshConfig(threshold="auto"), colors=True)
         mesh_seconds = time.perf_counter() - t
         t = time.perf_counter()
-        tiles = texture_scene(result.mesh, scene, result.plan, result.level, config, progress=print)
+        tiles = texture_scene(result, scene, config, progress=print)
         total = time.perf_counter() - t
         per_tile = [
             {k: s[k] for k in ("tile", "views", "cameras", "positions", "coverage", "ring_coverage", "gaussians",

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from microdreamer.config import BakeConfig, BakeViewsConfig, FieldConfig, MeshConfig, TextureConfig
 from microdreamer.scene import plan_scene, scene_to_mesh
-from microdreamer.scene.texture import TileViews, split_by_tile, texture_scene, texture_tile
+from microdreamer.scene.texture import TileViews, texture_scene, texture_tile
 from microdreamer.splat import SH_C0, Splat
 from microdreamer.synthetic import surface_splat, tangent_splat
 
@@ -151,10 +154,135 @@ def test_scene_tiles_render_only_their_neighbourhood():
     splat = cat(one, far)
     plan = plan_scene(splat, FieldConfig(), tiles_along_longest=4)
     result = scene_to_mesh(splat, FieldConfig(), MeshConfig(threshold="auto"), plan=plan)
-    tiles = texture_scene(result.mesh, splat, plan, result.level, CONFIG, VIEWS)
-    parts = split_by_tile(result.mesh, plan.grid.origin, plan.grid.spacing, plan.tile, plan.tiles)
-    assert len(tiles) == len(parts) >= 2
+    lines = []
+    tiles = texture_scene(result, splat, CONFIG, VIEWS, progress=lines.append)
+    parts = result.tile_meshes()
+    assert len(tiles) == len(parts) == len(lines) >= 2
     assert sum(t.mesh.num_faces for t in tiles) == result.mesh.num_faces
-    for tile, (_, part) in zip(tiles, parts, strict=True):
+    assert all(line.split(", ")[1].startswith("ring") for line in lines), lines
+    for tile, (t, part) in zip(tiles, parts, strict=True):
+        assert tile.stats["tile"] == t
         assert tile.stats["gaussians"] <= len(one) < tile.stats["gaussians_scene"]
         _same_geometry(tile.mesh, part)
+
+
+# ------------------------------------------------------------------- mesh --tiles --tile-texture bake
+#: the CLI's bake at test sizes (the defaults' 512^2 views would take minutes a tile)
+SMALL_BAKE = "texture:\n  bake:\n    views:\n      size: 64\n"
+
+
+def _bake_cli(tmp_path, capsys, output: str, *extra: str) -> tuple[int, str, str]:
+    from microdreamer import cli
+    from microdreamer.splat import write_ply
+    from test_scene import SCENE, spheres
+
+    write_ply(spheres(SCENE[:2], n=600), tmp_path / "scene.ply")
+    (tmp_path / "small.yaml").write_text(SMALL_BAKE)
+    rc = cli.main(["mesh", str(tmp_path / "scene.ply"), "-o", str(tmp_path / output), "--tiles", "2",
+                   "--tile-texture", "bake", "--texture-size", "64", "--config", str(tmp_path / "small.yaml"),
+                   *extra])  # fmt: skip
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_bake_writes_a_texture_per_tile_node_and_tileset_tile(tmp_path, capsys):
+    from test_tileset import glb_json
+
+    rc, out, err = _bake_cli(tmp_path, capsys, "scene.glb", "--tileset", str(tmp_path / "ts"))
+    assert rc in (0, None), err
+    lines = [line for line in err.splitlines() if "texture: tile " in line]
+    assert len(lines) >= 2 and all(", ring, 26 views" in line for line in lines), lines
+    n = len(lines)
+    assert f"texture per tile baked in {n} tiles ({n} ring)" in out, out
+    assert "(a texture per tile's node)" in out
+    doc = glb_json(tmp_path / "scene.glb")
+    assert len(doc["nodes"]) == len(doc["materials"]) == len(doc["images"]) == n
+    prims = [m["primitives"][0] for m in doc["meshes"]]
+    assert sorted(p["material"] for p in prims) == list(range(n))
+    assert all("TEXCOORD_0" in p["attributes"] for p in prims)
+    for node in doc["nodes"]:
+        tile = glb_json(tmp_path / "ts" / "tiles" / f"{node['name']}.glb")
+        assert len(tile["materials"]) == len(tile["images"]) == 1
+    assert not (tmp_path / "scene.glb.tiles").exists()
+
+
+@pytest.mark.parametrize("suffix", [".ply", ".obj"])
+def test_bake_into_one_mesh_samples_the_textures(tmp_path, capsys, suffix):
+    """An .obj or .ply holds one mesh: the tiles' textures sampled at its vertices, said so."""
+    import trimesh
+
+    rc, out, err = _bake_cli(tmp_path, capsys, "out" + suffix)
+    assert rc in (0, None), err
+    assert "the tiles' textures sampled into vertex colours" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["scene.ply", "small.yaml", "out" + suffix])
+    mesh = trimesh.load(tmp_path / ("out" + suffix), process=False)
+    colours = np.asarray(mesh.visual.vertex_colors)[:, :3] / 255.0
+    assert colours.std(0).max() > 0.05  # coloured, not one grey
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tile-texture", "bake"], "--tiles auto"),
+        (["--tiles", "2", "--tile-texture", "bake", "--texture", "none"], "--texture none"),
+    ],
+)
+def test_bake_bad_input_is_one_line(tmp_path, capsys, args, message):
+    from microdreamer import cli
+    from microdreamer.splat import write_ply
+    from test_scene import SCENE, spheres
+
+    write_ply(spheres(SCENE[:1], n=100), tmp_path / "scene.ply")
+    rc = cli.main(["mesh", str(tmp_path / "scene.ply"), "-o", str(tmp_path / "o.glb"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scene.ply"]
+
+
+def test_tile_vertex_colours_are_the_textures_at_the_vertices():
+    from microdreamer.scene.texture import tile_vertex_colours
+    from test_scene import SCENE, spheres
+
+    splat = spheres(SCENE[:2], n=600)
+    result = scene_to_mesh(splat, FieldConfig(), MeshConfig(threshold="auto"), tiles_along_longest=2)
+    tiles = texture_scene(result, splat, CONFIG, VIEWS)
+    colours = tile_vertex_colours(result, tiles)
+    assert colours.shape == (result.mesh.num_vertices, 3) and colours.dtype == np.float32
+    for tile in tiles:  # each corner's texture sample against the vertex's colour (seam vertices: a mean)
+        faces = result.mesh.faces[result.face_tile == tile.stats["tile"]]
+        sampled = tile.mesh.colors_at_vertices()[tile.mesh.faces]
+        assert np.median(np.abs(colours[faces] - sampled)) < 0.02
+
+
+def test_room_keeps_its_inner_walls_and_is_baked_from_inside(tmp_path, capsys):
+    """``mesh --tiles`` at the defaults keeps a closed room's inner walls (the cleanup's cavities are kept in
+    a scene) and the bake textures them from free space."""
+    from microdreamer import cli
+    from microdreamer.splat import write_ply
+    from test_tileset import glb_json
+
+    write_ply(cat(box_layer(1.0, INNER), box_layer(1.12, OUTER)), tmp_path / "room.ply")
+    (tmp_path / "small.yaml").write_text(SMALL_BAKE)
+    rc = cli.main(["mesh", str(tmp_path / "room.ply"), "-o", str(tmp_path / "room.glb"), "--tiles", "1",
+                   "--tile-texture", "bake", "--texture-size", "128", "--config", str(tmp_path / "small.yaml")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc in (0, None)
+    assert "baked in 1 tiles (1 free-space)" in out, out  # the ring alone would see the outer walls whole
+    doc = glb_json(tmp_path / "room.glb")
+    assert len(doc["materials"]) == 1
+
+
+def test_scene_cavities_are_kept_unless_asked():
+    from microdreamer.config import ExportConfig, SceneConfig
+    from microdreamer.jobs.export import export_mesh
+
+    splat = cat(box_layer(1.0, INNER), box_layer(1.12, OUTER))
+    for remove in (False, True):
+        config = ExportConfig(
+            texture=TextureConfig(mode="none"), scene=SceneConfig(tiles=1, remove_cavities=remove)
+        )
+        with tempfile.TemporaryDirectory() as folder:
+            result = export_mesh(splat, Path(folder) / "room.ply", config, torch.device("cpu"))
+        inner = _inner_faces(result.mesh)
+        assert result.convert.mesh_stats["cavities_removed"] == int(remove)
+        assert (inner.mean() > 0.2) if not remove else not inner.any()

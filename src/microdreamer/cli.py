@@ -109,6 +109,7 @@ COMMANDS = (
             Flag("--voxel", "scene.voxel", "SIZE|auto"),
             Flag("--memory", "scene.memory", "GB|auto"),
             Flag("--tileset", "scene.tileset", "DIR"),
+            Flag("--tile-texture", "scene.texture", "colors|bake"),
             Flag("--crop", "crop", "BOX|auto"),
         ),
         batch=True,
@@ -911,7 +912,13 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
         grid_note = (f" in {st['tiles_with_gaussians']} tiles of {st['tile_cells']}^3 cells, voxel {st['voxel']:.4g}"
                      + (f" (resumed: {st['tiles_resumed']} meshed tiles, {st['fields_resumed']} fields)"
                         if st["tiles_resumed"] or st["fields_resumed"] else ""))  # fmt: skip
-        colour = "; coloured per vertex from the splat's colour field" if result.texture_stats else ""
+        tex_stats = result.texture_stats
+        colour = "; coloured per vertex from the splat's colour field" if tex_stats else ""
+        if "views" in tex_stats:  # --tile-texture bake
+            kinds = ", ".join(f"{n} {kind}" for kind, n in tex_stats["views"].items())
+            colour = (
+                f"; a {tex_stats['size']}^2 texture per tile baked in {tex_stats['tiles']} tiles ({kinds})"
+            )
         print(f"grid: {shape}{grid_note}, tiles on {st['device']}{gpu} ({st['backend']}); "
               f"iso-level {conv.iso_level:.3g}{iso_note}{colour}")  # fmt: skip
         peaks = ", ".join(f"{k} {v:.2f}" for k, v in st["peak_rss_GiB_after"].items())
@@ -926,6 +933,9 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
 
     if (how := written_as(out, mesh)) is not None:
         tex += f" ({how})"
+    elif "views" in result.texture_stats:
+        tex += (" (a texture per tile's node)" if out.suffix.lower() == ".glb"
+                else " (one mesh: the tiles' textures sampled into vertex colours)")  # fmt: skip
     print(
         f"mesh: {mesh.num_vertices} vertices, {mesh.num_faces} faces{tex} -> {_written(out, mesh.has_texture)}"
     )

@@ -1097,6 +1097,10 @@ def _check_crop(cfg) -> None:
 EXPORT_CARVE_DIRECTIONS = 24
 
 
+#: ``SceneConfig.texture``: the tiled path's colour
+TILE_TEXTURES = ("colors", "bake")
+
+
 @dataclass
 class SceneConfig(Config):
     """Tiled meshing of scenes (:mod:`microdreamer.scene`): the splat cut into tiles of one global grid,
@@ -1115,6 +1119,18 @@ class SceneConfig(Config):
         ray_address: the tiles' Ray cluster ("host:port" or "auto"; None: a local one).
         tileset: a folder to also write the scene into as OGC 3D Tiles 1.1 (``tileset.json``, one GLB per
             tile, :mod:`microdreamer.scene.tileset`), or None.
+        texture: the tiles' colour: ``"colors"`` (vertex colours from the splat's colour field, tile by
+            tile: 6.3 s for a 1M-Gaussian scene on a 2-core CPU) or ``"bake"`` (a UV texture per tile,
+            :func:`microdreamer.scene.texture.texture_tile`, from views each tile chooses: about 25 s a
+            tile there, ``benchmarks/results/scene_texture_1000k.json``); a bake writes a ``.glb`` (a
+            material and image per tile's node) and the tileset's tiles.
+        remove_cavities: the cleanup's ``MeshConfig.remove_cavities`` for a scene. Off: a closed room's
+            inner walls are a cavity (closed, wound inward) and the surface a room capture is about. No rule
+            on the cavity's shape tells them from a hollow object's inner shell (measured at the defaults:
+            the room of ``tests/test_scene_texture.py`` encloses 0.35-0.46 of its outer shell's volume
+            behind walls 3.9-5.6 voxels thick, 27 voxels across; ``bench_fidelity``'s capture-like shell
+            object 0.53-0.56 behind 3.5-4.6 voxels, 64-86 across), so a scene keeps them; on drops them as
+            the object path does.
     """
 
     tiles: int | str = setting("off", "off: one dense grid; auto or N: the scene meshed in tiles (N along "
@@ -1127,8 +1143,15 @@ class SceneConfig(Config):
     ray_address: str | None = None
     tileset: str | None = setting(None, "also write the tiled scene into this folder as OGC 3D Tiles 1.1 "
                                   "(tileset.json and one .glb per tile; needs --tiles)")  # fmt: skip
+    texture: str = setting("colors", "tiled mode's colour: colors (vertex colours from the splat's colour "
+                           "field, fast) or bake (a UV texture per tile from views each tile chooses, about "
+                           "25 s a tile on a 2-core CPU; needs a .glb)", choices=TILE_TEXTURES)  # fmt: skip
+    remove_cavities: bool = False
 
     def validate(self) -> None:
+        self.choose("texture", TILE_TEXTURES)
+        if self.texture == "bake":
+            self.require("texture", self.enabled, "bakes a scene meshed in tiles; add --tiles auto (or N)")
         if isinstance(self.tiles, str):
             self.require("tiles", self.tiles in ("off", "auto"), "must be off, auto or a tile count")
         else:
@@ -1181,6 +1204,9 @@ class ExportConfig(Config):
     def validate(self) -> None:
         self.choose("up", UP_CHOICES)
         _check_crop(self)
+        if self.scene.texture == "bake" and self.texture.mode == "none":
+            raise ConfigError(type(self).__name__, "scene.texture", "bake", "needs a texture; drop --texture "
+                              "none, or leave the tiles uncoloured with --tile-texture colors")  # fmt: skip
 
 
 FRAMES = ("input", "dataset")

@@ -1,16 +1,23 @@
 """The ``mesh`` export of a scene in tiles (``--tiles auto|N``): :func:`microdreamer.scene.scene_to_mesh`,
 then the file. What :func:`~microdreamer.jobs.export.export_mesh` runs when ``config.scene`` is on.
 
-Colour: the tiled mesh is coloured per vertex from the splat's colour field, tile by tile (bounded
-memory, no UV unwrap, every face kept); the bake's views look at one object from outside, and a UV atlas
-per tile is a later step. ``--texture none`` leaves the mesh uncoloured.
+Colour (``scene.texture``, ``--tile-texture``): ``colors``, the default, colours the tiled mesh per vertex
+from the splat's colour field, tile by tile (bounded memory, no UV unwrap, every face kept); ``bake`` gives
+each tile its own UV texture (:func:`microdreamer.scene.texture.texture_scene`: an object-like tile from
+the ring of outside views, a tile inside a room from free-space positions), about 25 s a tile on a 2-core
+CPU. ``--texture none`` leaves the mesh uncoloured.
+
+Cleanup: as the object path's, except that a scene keeps the walls of enclosed voids
+(``scene.remove_cavities``, off): a closed room's inner walls are one.
 
 Device: on a CUDA device the tiles' fields, colour fields and iso-level alphas run there
 (:mod:`microdreamer.scene.tiles`, backend ``"cuda"``, or the PyTorch reference where the kernels do not
 load); marching cubes, the weld and the cleanup stay on the CPU.
-Files: a ``.glb`` has one node (mesh) per tile, named ``tile_<a>_<b>_<c>``, the seams shared exactly; an
-``.obj`` or ``.ply`` is the one welded mesh. ``scene.tileset`` also writes the tiles as OGC 3D Tiles 1.1
-(:mod:`microdreamer.scene.tileset`) into that folder, staged and moved in as one.
+Files: a ``.glb`` has one node (mesh) per tile, named ``tile_<a>_<b>_<c>``, the seams shared exactly (with
+``bake``, each node its own material and image); an ``.obj`` or ``.ply`` is the one welded mesh (with
+``bake``, its vertex colours are the tiles' textures sampled at the vertices: one mesh holds no texture
+per tile). ``scene.tileset`` also writes the tiles as OGC 3D Tiles 1.1 (:mod:`microdreamer.scene.tileset`;
+with ``bake``, each tile's GLB textured) into that folder, staged and moved in as one.
 """
 
 from __future__ import annotations
@@ -20,8 +27,10 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from microdreamer.config import ExportConfig
@@ -85,7 +94,8 @@ def export_scene(
     if config.field.mode != "exact":
         raise InputError(f"{name}: --tiles needs --mode exact (the tiled field is the exact mode's)")
     scene = config.scene
-    colors = config.texture.mode != "none"
+    bake = scene.texture == "bake" and config.texture.mode != "none"
+    colors = config.texture.mode != "none" and not bake
     path = Path(path)
     work = path.with_name(path.name + ".tiles")
     distributed = scene.workers is not None or scene.ray_address is not None
@@ -104,7 +114,7 @@ def export_scene(
             result = scene_to_mesh(
                 splat.to("cpu"),
                 config.field,
-                config.mesh,
+                replace(config.mesh, remove_cavities=config.mesh.remove_cavities and scene.remove_cavities),
                 tile=scene.tile,
                 voxel=scene.voxel,
                 tiles_along_longest=scene.tiles if isinstance(scene.tiles, int) else None,
@@ -123,13 +133,19 @@ def export_scene(
     mesh = result.mesh
     if mesh.is_empty:
         raise InputError(f"{name}: no surface is left after cleanup at the iso-level {result.level:g}")
-    tiles = [(tile_name(result.plan.tile_index(t)), m) for t, m in result.tile_meshes()]
+    texture_stats = {"mode": "vertex colours (colour field)"} if colors else {}
+    if bake:
+        with timer.stage("texture"):
+            tiles, mesh, texture_stats = bake_tiles(result, splat, config, say)
+    else:
+        tiles = [(tile_name(result.plan.tile_index(t)), m) for t, m in result.tile_meshes()]
     with timer.stage("export"):
         if path.suffix.lower() == ".glb":
             say(f"writing {path} ({len(tiles)} tile nodes)")
             written = save_glb_nodes([m for _, m in tiles], path, [n for n, _ in tiles])
         else:
-            say(f"writing {path}")
+            sampled = " (one mesh: the tiles' textures sampled into vertex colours)" if bake else ""
+            say(f"writing {path}{sampled}")
             written = save_mesh(mesh, path)
     if scene.tileset is not None:
         with timer.stage("tileset"):
@@ -140,8 +156,44 @@ def export_scene(
         mesh, len(splat), len(result.plan.prepared), max(g.shape), f"{result.plan.backend}-tiles", float("nan"),
         result.stats, result.level, result.iso_method, result.iso_iou, None,
     )  # fmt: skip
-    texture_stats = {"mode": "vertex colours (colour field)"} if colors else {}
     return ExportResult(written, mesh, conv, texture_stats, up)
+
+
+def bake_tiles(
+    result, splat: Splat, config: ExportConfig, say: Callable[[str], None]
+) -> tuple[list[tuple[str, Mesh]], Mesh, dict]:
+    """A UV texture per tile of the meshed scene ``result`` (a :class:`~microdreamer.scene.SceneResult`;
+    :func:`~microdreamer.scene.texture.texture_scene` with ``config.texture``): ``(name, textured mesh)``
+    per tile, the welded mesh with the textures sampled at its vertices, and the stats (``views``: how many
+    tiles took each kind of view, ``seconds`` per part summed over the tiles)."""
+    from microdreamer.scene.texture import VIEW_NAMES, texture_scene, tile_vertex_colours
+    from microdreamer.scene.tileset import tile_name
+
+    n = len(np.unique(result.face_tile))
+    say(f"texture: baking {n} tiles ({config.texture.size}^2 texels each)")
+    baked = texture_scene(result, splat, config.texture, progress=say)
+    views: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for b in baked:
+        kind = VIEW_NAMES.get(b.stats["views"], b.stats["views"])
+        views[kind] = views.get(kind, 0) + 1
+        for k, v in b.stats["seconds"].items():
+            seconds[k] = seconds.get(k, 0.0) + float(v)
+    mesh = Mesh(result.mesh.vertices, result.mesh.faces, tile_vertex_colours(result, baked))
+    stats = {
+        "mode": "bake (a UV texture per tile)",
+        "size": config.texture.size,
+        "tiles": len(baked),
+        "views": views,
+        "coverage_min": min((b.stats["coverage"] for b in baked), default=None),
+        "texels_from_views": round(
+            sum(b.stats["texels_from_views"] * b.stats["texels_covered"] for b in baked)
+            / max(1, sum(b.stats["texels_covered"] for b in baked)), 4
+        ),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+    }  # fmt: skip
+    tiles = [(tile_name(result.plan.tile_index(b.stats["tile"])), b.mesh) for b in baked]
+    return tiles, mesh, stats
 
 
 #: the files a tileset folder holds (replaced by the next run into the folder)

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,6 +46,9 @@ from microdreamer.cameras import Cameras, cameras_from_c2w_opengl, framing, look
 from microdreamer.config import FieldConfig, TextureConfig
 from microdreamer.mesh.types import Mesh
 from microdreamer.splat import Splat
+
+if TYPE_CHECKING:
+    from microdreamer.scene.tiles import SceneResult
 
 logger = logging.getLogger(__name__)
 
@@ -424,48 +428,59 @@ def texture_tile(
 
 
 # -------------------------------------------------------------------------------------------- scene
-def split_by_tile(
-    mesh: Mesh, origin, spacing: float, tile: int, tiles: tuple[int, int, int]
-) -> list[tuple[int, Mesh]]:
-    """The scene's (welded, cleaned) ``mesh`` cut into the plan's tiles, each face to the tile holding its
-    centre: ``[(tile number, its faces)]`` for the tiles with faces, in tile order (row-major, z fastest,
-    as :meth:`~microdreamer.scene.ScenePlan.tile_index`)."""
-    if mesh.is_empty:
-        return []
-    centre = mesh.vertices[mesh.faces].astype(np.float64).mean(1)
-    cell = np.floor((centre - np.asarray(origin, np.float64)) / (spacing * tile)).astype(np.int64)
-    cell = np.clip(cell, 0, np.asarray(tiles) - 1)
-    number = (cell[:, 0] * tiles[1] + cell[:, 1]) * tiles[2] + cell[:, 2]
-    return [(int(t), mesh.subset_faces(number == t)) for t in np.unique(number)]
+#: how a progress line and a summary name each kind of view choice (``TileTexture.stats["views"]``)
+VIEW_NAMES = {"ring": "ring", "free space": "free-space", "capture": "capture cameras"}
+
+
+def describe_tile(stats: dict) -> str:
+    """One line of what :func:`texture_tile` chose and made for a tile (its ``stats``)."""
+    s = stats
+    where = VIEW_NAMES.get(s["views"], s["views"])
+    if s["views"] == "free space":
+        where += f" ({s['positions']} positions)"
+    return (f"{where}, {s['cameras']} views, {100 * s['coverage']:.0f}% of the area seen; "
+            f"{100 * s['texels_from_views']:.0f}% of texels from views, {100 * s['texels_from_field']:.0f}% "
+            "from the colour field")  # fmt: skip
 
 
 def texture_scene(
-    mesh: Mesh,
+    scene: SceneResult,
     splat: Splat,
-    plan,
-    level: float | None = None,
     config: TextureConfig | None = None,
     views: TileViews | None = None,
     progress: Callable[[str], None] | None = None,
+    capture: Cameras | None = None,
 ) -> list[TileTexture]:
-    """:func:`texture_tile` on every tile of the scene's ``mesh`` (:func:`split_by_tile` by ``plan``, a
-    :class:`~microdreamer.scene.ScenePlan`), with the scene's mesh as occluder and the texels no view sees
-    coloured as the vertex colours are (the plan's colour field, :func:`~microdreamer.scene.tiles._tile_colors`):
-    one textured mesh per tile with faces, in tile order."""
+    """:func:`texture_tile` on every tile of a meshed ``scene`` (its
+    :meth:`~microdreamer.scene.SceneResult.tile_meshes`), with the scene's whole mesh as occluder, its iso
+    level for the free-space test, and the texels no view sees coloured as the vertex colours are (the
+    plan's colour field of the tile, :func:`~microdreamer.scene.tiles._tile_colors`): one textured mesh per
+    tile with faces, in tile order, ``stats["tile"]`` its tile number. ``progress`` gets one line a tile."""
     from microdreamer.scene.tiles import _tile_colors
 
     say = progress or (lambda message: None)
-    g = plan.grid
-    parts = split_by_tile(mesh, g.origin, g.spacing, plan.tile, plan.tiles)
+    parts = scene.tile_meshes()
     out = []
     for n, (t, part) in enumerate(parts):
-        result = texture_tile(part, splat, config, views, occluders=mesh, level=level,
-                              field_colors=partial(_tile_colors, plan, t))  # fmt: skip
+        result = texture_tile(part, splat, config, views, occluders=scene.mesh, level=scene.level,
+                              capture=capture, field_colors=partial(_tile_colors, scene.plan, t))  # fmt: skip
         result.stats["tile"] = t
-        s = result.stats
-        say(f"texture: tile {n + 1}/{len(parts)}: {part.num_faces:,} faces, {s['views']} "
-            f"({s['cameras']} views, {100 * s['coverage']:.0f}% of the area seen), "
-            f"{100 * s['texels_from_views']:.0f}% of texels from views, {100 * s['texels_from_field']:.0f}% "
-            f"from the colour field")  # fmt: skip
+        say(f"texture: tile {n + 1}/{len(parts)}: {part.num_faces:,} faces, {describe_tile(result.stats)}")
         out.append(result)
     return out
+
+
+def tile_vertex_colours(scene: SceneResult, tiles: list[TileTexture]) -> np.ndarray:
+    """[V, 3] float32 the colours of ``scene.mesh``'s vertices from the tiles' textures (``tiles`` as
+    :func:`texture_scene` made them): each vertex the mean of its corners' texture samples over every face
+    that uses it, in every tile. A tile's faces are the scene's faces of that tile, in order, so its
+    corners map back to the scene's vertices face by face."""
+    mesh = scene.mesh
+    total = np.zeros((mesh.num_vertices, 3), np.float64)
+    count = np.zeros(mesh.num_vertices, np.int64)
+    for tile in tiles:
+        faces = mesh.faces[scene.face_tile == tile.stats["tile"]].reshape(-1)
+        colours = tile.mesh.colors_at_vertices()[tile.mesh.faces.reshape(-1)]
+        np.add.at(total, faces, colours)
+        np.add.at(count, faces, 1)
+    return (total / np.maximum(count, 1)[:, None]).astype(np.float32)
