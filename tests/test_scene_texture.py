@@ -168,7 +168,11 @@ def test_scene_tiles_render_only_their_neighbourhood():
 
 # ------------------------------------------------------------------- mesh --tiles --tile-texture bake
 #: the CLI's bake at test sizes (the defaults' 512^2 views would take minutes a tile)
+#: small bake renders
 SMALL_BAKE = "texture:\n  bake:\n    views:\n      size: 64\n"
+#: the spheres are hollow (shells of Gaussians): their inner shells removed as an object's are, so that
+#: every tile is seen from the ring
+NO_CAVITIES = "scene:\n  remove_cavities: true\n"
 
 
 def _bake_cli(tmp_path, capsys, output: str, *extra: str) -> tuple[int, str, str]:
@@ -177,7 +181,7 @@ def _bake_cli(tmp_path, capsys, output: str, *extra: str) -> tuple[int, str, str
     from test_scene import SCENE, spheres
 
     write_ply(spheres(SCENE[:2], n=600), tmp_path / "scene.ply")
-    (tmp_path / "small.yaml").write_text(SMALL_BAKE)
+    (tmp_path / "small.yaml").write_text(SMALL_BAKE + NO_CAVITIES)
     rc = cli.main(["mesh", str(tmp_path / "scene.ply"), "-o", str(tmp_path / output), "--tiles", "2",
                    "--tile-texture", "bake", "--texture-size", "64", "--config", str(tmp_path / "small.yaml"),
                    *extra])  # fmt: skip
@@ -286,3 +290,22 @@ def test_scene_cavities_are_kept_unless_asked():
         inner = _inner_faces(result.mesh)
         assert result.convert.mesh_stats["cavities_removed"] == int(remove)
         assert (inner.mean() > 0.2) if not remove else not inner.any()
+
+
+@pytest.mark.cuda
+def test_room_bake_on_cuda_matches_the_cpu(room):
+    """The tile's bake on the GPU (texels, renders, visibility there): the same views chosen, the same
+    geometry and UVs, and the inner and outer walls' colours as the CPU bake gives them."""
+    splat, result = room
+    mesh = result.mesh
+    cpu = texture_tile(mesh, splat, CONFIG, VIEWS, level=result.level)
+    gpu = texture_tile(mesh, splat, CONFIG, VIEWS, level=result.level, device="cuda")
+    assert gpu.stats["views"] == cpu.stats["views"] == "free space"
+    assert gpu.stats["cameras"] == cpu.stats["cameras"]
+    _same_geometry(gpu.mesh, mesh)
+    np.testing.assert_array_equal(gpu.mesh.uv, cpu.mesh.uv)
+    inner = _inner_faces(mesh)
+    a, b = _face_colours(cpu.mesh), _face_colours(gpu.mesh)
+    for part in (inner, ~inner):
+        assert np.abs(np.median(a[part], 0) - np.median(b[part], 0)).max() < 0.02
+    assert abs(gpu.stats["texels_from_views"] - cpu.stats["texels_from_views"]) < 0.02

@@ -136,7 +136,7 @@ def export_scene(
     texture_stats = {"mode": "vertex colours (colour field)"} if colors else {}
     if bake:
         with timer.stage("texture"):
-            tiles, mesh, texture_stats = bake_tiles(result, splat, config, say)
+            tiles, mesh, texture_stats = bake_tiles(result, splat, config, say, device)
     else:
         tiles = [(tile_name(result.plan.tile_index(t)), m) for t, m in result.tile_meshes()]
     with timer.stage("export"):
@@ -160,18 +160,18 @@ def export_scene(
 
 
 def bake_tiles(
-    result, splat: Splat, config: ExportConfig, say: Callable[[str], None]
+    result, splat: Splat, config: ExportConfig, say: Callable[[str], None], device: str | torch.device = "cpu"
 ) -> tuple[list[tuple[str, Mesh]], Mesh, dict]:
     """A UV texture per tile of the meshed scene ``result`` (a :class:`~microdreamer.scene.SceneResult`;
     :func:`~microdreamer.scene.texture.texture_scene` with ``config.texture``): ``(name, textured mesh)``
     per tile, the welded mesh with the textures sampled at its vertices, and the stats (``views``: how many
-    tiles took each kind of view, ``seconds`` per part summed over the tiles)."""
+    tiles took each kind of view, ``seconds`` per part summed over the tiles); the bake runs on ``device``."""
     from microdreamer.scene.texture import VIEW_NAMES, texture_scene, tile_vertex_colours
     from microdreamer.scene.tileset import tile_name
 
     n = len(np.unique(result.face_tile))
     say(f"texture: baking {n} tiles ({config.texture.size}^2 texels each)")
-    baked = texture_scene(result, splat, config.texture, progress=say)
+    baked = texture_scene(result, splat, config.texture, progress=say, device=device)
     views: dict[str, int] = {}
     seconds: dict[str, float] = {}
     for b in baked:

@@ -329,6 +329,7 @@ def texture_tile(
     level: float | None = None,
     capture: Cameras | None = None,
     field_colors: Callable[[np.ndarray], np.ndarray] | None = None,
+    device: str | torch.device = "cpu",
 ) -> TileTexture:
     """Unwrap the tile's ``mesh`` and bake its texture from views that see it (module docstring).
 
@@ -345,6 +346,8 @@ def texture_tile(
         capture: the capture's own cameras, taken as the candidates instead of free-space positions.
         field_colors: the colour of the texels no view sees: world points [P, 3] -> [P, 3] float32; None =
             :func:`field_colours` of the region's Gaussians.
+        device: where the texels, the renders of the region's Gaussians and the bake run (the view choice
+            and the unwrap run on the CPU).
 
     Returns:
         :class:`TileTexture`.
@@ -383,19 +386,21 @@ def texture_tile(
         layout = unwrap(bare, None, config.size, config.padding, config.chart_iterations)
         unwrapper = "xatlas"
     seconds["unwrap"] = time.perf_counter() - start
-    verts = torch.as_tensor(layout.mesh.vertices, dtype=torch.float32)
-    faces = torch.as_tensor(layout.mesh.faces, dtype=torch.int64)
-    samples = texel_samples(verts, faces, torch.as_tensor(layout.uv), config.size, config.size)
+    device = torch.device(device)
+    verts = torch.as_tensor(layout.mesh.vertices, dtype=torch.float32, device=device)
+    faces = torch.as_tensor(layout.mesh.faces, dtype=torch.int64, device=device)
+    samples = texel_samples(verts, faces, torch.as_tensor(layout.uv, device=device), config.size, config.size)
 
     start = time.perf_counter()
     cameras, chosen = choose_views(mesh, occ, region, local, config, views, level, capture)
     seconds["views"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    occ_v = torch.as_tensor(occ.vertices, dtype=torch.float32)
-    occ_f = torch.as_tensor(occ.faces, dtype=torch.int64)
+    occ_v = torch.as_tensor(occ.vertices, dtype=torch.float32, device=device)
+    occ_f = torch.as_tensor(occ.faces, dtype=torch.int64, device=device)
     bake = replace(config.bake, cull_backfaces=False)  # the region's cut leaves the occluders open
-    colors, seen, _ = bake_views(samples, occ_v, occ_f, cameras, splat_render_fn(local, bake.backend), bake)
+    render_fn = splat_render_fn(local.to(device), bake.backend)
+    colors, seen, _ = bake_views(samples, occ_v, occ_f, cameras.to(device), render_fn, bake)
     seconds["bake"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -403,7 +408,8 @@ def texture_tile(
     unseen = torch.nonzero(~seen).flatten()
     if unseen.numel() and len(local):
         fn = field_colors or (lambda points: field_colours(points, local, config.field_cutoff_tol))
-        colors[unseen] = torch.as_tensor(fn(samples.points[unseen].numpy()), dtype=torch.float32).clamp(0, 1)
+        points = samples.points[unseen].cpu().numpy()
+        colors[unseen] = torch.as_tensor(fn(points), dtype=torch.float32, device=colors.device).clamp(0, 1)
         seen[unseen] = True
     from_field = int(seen.sum()) - from_views
     seconds["field"] = time.perf_counter() - start
@@ -450,12 +456,14 @@ def texture_scene(
     views: TileViews | None = None,
     progress: Callable[[str], None] | None = None,
     capture: Cameras | None = None,
+    device: str | torch.device = "cpu",
 ) -> list[TileTexture]:
     """:func:`texture_tile` on every tile of a meshed ``scene`` (its
     :meth:`~microdreamer.scene.SceneResult.tile_meshes`), with the scene's whole mesh as occluder, its iso
     level for the free-space test, and the texels no view sees coloured as the vertex colours are (the
     plan's colour field of the tile, :func:`~microdreamer.scene.tiles._tile_colors`): one textured mesh per
-    tile with faces, in tile order, ``stats["tile"]`` its tile number. ``progress`` gets one line a tile."""
+    tile with faces, in tile order, ``stats["tile"]`` its tile number. ``progress`` gets one line a tile;
+    ``device``: where each tile's bake runs (:func:`texture_tile`)."""
     from microdreamer.scene.tiles import _tile_colors
 
     say = progress or (lambda message: None)
@@ -463,7 +471,8 @@ def texture_scene(
     out = []
     for n, (t, part) in enumerate(parts):
         result = texture_tile(part, splat, config, views, occluders=scene.mesh, level=scene.level,
-                              capture=capture, field_colors=partial(_tile_colors, scene.plan, t))  # fmt: skip
+                              capture=capture, field_colors=partial(_tile_colors, scene.plan, t),
+                              device=device)  # fmt: skip
         result.stats["tile"] = t
         say(f"texture: tile {n + 1}/{len(parts)}: {part.num_faces:,} faces, {describe_tile(result.stats)}")
         out.append(result)
