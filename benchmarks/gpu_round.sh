@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_round.sh generate          # generate, the modes, the batch, a single CLI call
 #   bash benchmarks/gpu_round.sh no-compiler       # mesh, generate and reconstruct with nvcc hidden
 #   bash benchmarks/gpu_round.sh startup           # the mesh CLI's wall clock split into parts
+#   bash benchmarks/gpu_round.sh scenes            # the tiled scenes: CUDA tests, 4M, 10M, a per-tile bake
 #   bash benchmarks/gpu_round.sh round1|round2|roundA|roundB   # phases grouped into one call each
 #
 # Logs and JSON go to $OUT (the device tool's output folder; ./out elsewhere). On the device there is no
@@ -84,6 +85,23 @@ mesh_startup() {
     --reps 3 --json "$OUT/mesh_startup_${CARD}.json" 2>&1 | tail -30
 }
 
+scenes() {
+  # the tiled scene path on the GPU: its CUDA tests (the per-tile bake's among them: gsplat builds here), the
+  # 4M and 10M scenes of guitar copies (tiles serial and on 4 threads), and the per-tile UV bake of a 1M scene
+  timeout 240 python3 -m pytest tests/test_field_gather.py tests/test_scene.py tests/test_scene_texture.py \
+    tests/test_tileset.py -q -m cuda -p no:cacheprovider -rfE 2>&1 | tail -6 | tee "$OUT/scene_cuda_tests.log"
+  timeout 120 python3 benchmarks/bench_scene.py --gaussians 4000000 --modes tiles --device cuda --max-rss 60 \
+    --tile-threads 1,4 --out "$OUT/scene_4000k_${CARD}.json" 2>&1 | tail -24
+  timeout 200 python3 benchmarks/bench_scene.py --gaussians 10000000 --modes tiles --device cuda --max-rss 60 \
+    --tile-threads 1,4 --out "$OUT/scene_10000k_${CARD}.json" 2>&1 | tail -24
+  timeout 60 python3 benchmarks/bench_scene.py --gaussians 1000000 --modes tiles --device cuda --max-rss 60 \
+    --keep /tmp/k1 --out "$OUT/scene_1000k_${CARD}.json" 2>&1 | tail -3
+  local t0=$(date +%s.%N)
+  timeout 150 microdreamer mesh /tmp/k1/scene_1000000.ply -o /tmp/k1/baked.glb --tiles auto --tile-texture bake \
+    --device cuda --overwrite 2>&1 | grep -v "iso-level pass\|] tile " | tail -12 | tee "$OUT/scene_bake_1000k.log"
+  echo "bake CLI wall: $(python3 -c "print(round($(date +%s.%N) - $t0, 2))") s" | tee -a "$OUT/scene_bake_1000k.log"
+}
+
 no_compiler() {
   # a GPU with no CUDA compiler: nvcc off PATH, CUDA_HOME pointing at no toolkit, an empty extensions cache
   local path
@@ -121,6 +139,7 @@ case "$phase" in
   generate) setup && generate_bench ;;
   no-compiler) setup && no_compiler ;;
   startup) setup && mesh_startup ;;
+  scenes) setup && TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext_cold} scenes ;;
   roundA)  # one call: the cold compile, the CUDA tests on its build, the mesh CLI's start-up
     setup || exit 1
     first_use
@@ -142,5 +161,5 @@ case "$phase" in
     timeout 240 bash -c "$(declare -f cuda_tests); cuda_tests"
     timeout 130 bash -c "$(declare -f export_bench); export_bench"
     timeout 120 bash -c "$(declare -f no_compiler); no_compiler" ;;
-  *) echo "usage: $0 setup|first-use|cuda-tests|export|generate|no-compiler|startup|round1|round2|roundA|roundB" >&2; exit 2 ;;
+  *) echo "usage: $0 setup|first-use|cuda-tests|export|generate|no-compiler|startup|scenes|round1|round2|roundA|roundB" >&2; exit 2 ;;
 esac
