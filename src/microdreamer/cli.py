@@ -109,6 +109,7 @@ COMMANDS = (
             Flag("--voxel", "scene.voxel", "SIZE|auto"),
             Flag("--memory", "scene.memory", "GB|auto"),
             Flag("--tileset", "scene.tileset", "DIR"),
+            Flag("--background", "scene.background"),
             Flag("--crop", "crop", "BOX|auto"),
         ),
         batch=True,

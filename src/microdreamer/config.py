@@ -1097,6 +1097,10 @@ def _check_crop(cfg) -> None:
 EXPORT_CARVE_DIRECTIONS = 24
 
 
+#: ``--background``: what a tiled export does with a capture's sparse far background
+BACKGROUND_MODES = ("drop", "keep")
+
+
 @dataclass
 class SceneConfig(Config):
     """Tiled meshing of scenes (:mod:`microdreamer.scene`): the splat cut into tiles of one global grid,
@@ -1115,6 +1119,9 @@ class SceneConfig(Config):
         ray_address: the tiles' Ray cluster ("host:port" or "auto"; None: a local one).
         tileset: a folder to also write the scene into as OGC 3D Tiles 1.1 (``tileset.json``, one GLB per
             tile, :mod:`microdreamer.scene.tileset`), or None.
+        background: ``"drop"`` (tiled mode without a crop box): the sparse far background of a capture (a
+            sky dome, distant trees, far floaters) is left out, only the scene's core is meshed
+            (:func:`microdreamer.crop.core_box`); ``"keep"``: every Gaussian.
     """
 
     tiles: int | str = setting("off", "off: one dense grid; auto or N: the scene meshed in tiles (N along "
@@ -1127,8 +1134,12 @@ class SceneConfig(Config):
     ray_address: str | None = None
     tileset: str | None = setting(None, "also write the tiled scene into this folder as OGC 3D Tiles 1.1 "
                                   "(tileset.json and one .glb per tile; needs --tiles)")  # fmt: skip
+    background: str = setting("drop", "tiled mode without --crop: drop leaves the sparse far background (sky, "
+                              "distant Gaussians) out and meshes the scene's core; keep meshes every Gaussian",
+                              choices=BACKGROUND_MODES)  # fmt: skip
 
     def validate(self) -> None:
+        self.choose("background", BACKGROUND_MODES)
         if isinstance(self.tiles, str):
             self.require("tiles", self.tiles in ("off", "auto"), "must be off, auto or a tile count")
         else:
