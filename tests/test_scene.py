@@ -325,3 +325,133 @@ def test_non_finite_gaussians_are_named():
     splat.means[7, 1] = float("nan")
     with pytest.raises(ValueError, match="#7"):
         plan_scene(splat, FieldConfig())
+
+
+def test_a_capped_work_folder_gives_the_same_mesh(tmp_path):
+    """The first pass keeps tile fields on disk up to the cap (the rest are computed again): the same mesh,
+    and never more field bytes in the folder than the cap."""
+    from microdreamer.scene.tiles import field_file_bytes
+
+    splat = spheres(SCENE[:4])
+    plan = plan_scene(splat, FieldConfig(), tile=20)
+    config = MeshConfig(threshold="auto")
+    free = scene_to_mesh(splat, FieldConfig(), config, plan=retile(plan, 20))
+    occupied = [t for t in range(plan.num_tiles) if retile(plan, 20).gaussians_of(t).numel()]
+    cap = field_file_bytes(plan, occupied[0]) + field_file_bytes(plan, occupied[1]) + 100
+    for n, limit in enumerate((cap, 0)):
+        work, held = tmp_path / f"work{n}", []
+
+        def watch(message: str, work=work, held=held) -> None:
+            held.append(sum(f.stat().st_size for f in work.glob("field_*.npy")))
+
+        capped = scene_to_mesh(splat, FieldConfig(), config, plan=retile(plan, 20), work_dir=work,
+                               progress=watch, field_cache=limit)  # fmt: skip
+        assert 0 < max(held) <= cap if limit else max(held) == 0
+        np.testing.assert_array_equal(capped.mesh.faces, free.mesh.faces)
+        np.testing.assert_array_equal(capped.mesh.vertices, free.mesh.vertices)
+
+
+def _with(splat: Splat, means: torch.Tensor, log_scale: float, opacity_logit: float, seed: int = 0) -> Splat:
+    """``splat`` and round Gaussians at ``means`` [n, 3] (scale exp(``log_scale``), one opacity)."""
+    n = means.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    extra = Splat(means=means.float(), sh_dc=torch.rand(n, 3, generator=g) - 0.5,
+                  sh_rest=torch.zeros(n, splat.sh_rest.shape[1], 3), opacity_logits=torch.full((n,), opacity_logit),
+                  log_scales=torch.full((n, 3), log_scale), quats=torch.tensor([[1.0, 0, 0, 0]]).expand(n, 4).clone())  # fmt: skip
+    a, b = splat.tensors(), extra.tensors()
+    return Splat(**{k: torch.cat([a[k], b[k]]) for k in a})
+
+
+def backdrop(splat: Splat, seed: int = 0) -> Splat:
+    """``splat`` inside a capture's far background: 20,000 big Gaussians on a half-dome 30 times its size
+    away and 4,000 faint small floaters in a box 10 times its size."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = splat.means.amin(0), splat.means.amax(0)
+    size, centre = float((hi - lo).max()), (lo + hi) / 2
+    d = torch.randn(20_000, 3, generator=g)
+    d[:, 1] = d[:, 1].abs()
+    dome = centre + 30 * size * d / d.norm(dim=1, keepdim=True)
+    floaters = centre + (torch.rand(4000, 3, generator=g) - 0.5) * 10 * size
+    out = _with(splat, dome, math.log(0.6 * size), 2.0, seed)
+    return _with(out, floaters, math.log(0.01 * size), -1.0, seed + 1)
+
+
+def room(per_area: float = 100.0, size=(6.0, 3.0, 6.0)) -> Splat:
+    """A room: walls, floor and ceiling of flat Gaussians (``per_area`` a unit of area), three spheres
+    inside."""
+    g = torch.Generator().manual_seed(0)
+    walls = []
+    for axis in range(3):
+        other = [a for a in range(3) if a != axis]
+        n = int(per_area * size[other[0]] * size[other[1]])
+        for side in (0.0, size[axis]):
+            p = torch.rand(n, 3, generator=g) * torch.tensor(size)
+            p[:, axis] = side
+            walls.append(p)
+    return _with(spheres([(1.0, 0.5, 1.0), (3.0, 0.5, 4.0), (4.5, 0.5, 2.0)]), torch.cat(walls),
+                 math.log(1 / math.sqrt(per_area)), 2.0)  # fmt: skip
+
+
+def test_the_guitar_copies_of_bench_scene_are_kept_whole(monkeypatch):
+    """bench_scene's grid of guitar copies, and a street of them in a row, lose no Gaussian."""
+    import sys
+    from pathlib import Path
+
+    from conftest import sample
+    from microdreamer.jobs.scene import drop_background
+
+    monkeypatch.setattr(sys, "path", [str(Path(__file__).resolve().parents[1] / "benchmarks"), *sys.path])
+    import bench_scene
+
+    monkeypatch.setattr(bench_scene, "GUITAR", sample("splats/pc_guitar_91k_sh0.decoded.ply"))
+    grid, transforms, _ = bench_scene.scene_splat(1_000_000)
+    guitar = bench_scene.scene_splat(1)[0]
+    street = Splat(**{k: torch.cat([guitar.transformed(torch.eye(3, dtype=torch.float64),
+                                                       translation=torch.tensor([3.0 * c, 0.0, 0.0])).tensors()[k]
+                                    for c in range(8)]) for k in guitar.tensors()})  # fmt: skip
+    for splat in (grid, street):
+        said = []
+        assert drop_background(splat, 0.005, said.append) is splat and not said
+
+
+@pytest.mark.parametrize("name", ["spheres", "room", "sparse room", "street"])
+def test_the_background_rule_keeps_a_whole_scene(name):
+    """Scenes with no far background keep every Gaussian: the test scenes, a room (walls around the
+    objects, even sparse ones) and a long street of objects."""
+    from microdreamer.jobs.scene import drop_background
+
+    splat = {"spheres": lambda: spheres(SCENE), "room": room, "sparse room": lambda: room(30.0),
+             "street": lambda: spheres([(1.2 * k, 0.0, 0.0) for k in range(40)], n=300)}[name]()  # fmt: skip
+    said = []
+    assert drop_background(splat, 0.005, said.append) is splat and not said
+
+
+def test_the_background_is_left_out_in_one_line():
+    from microdreamer.jobs.scene import drop_background
+
+    for objects in (spheres(SCENE), room()):
+        said = []
+        kept = drop_background(backdrop(objects), 0.005, said.append)
+        assert len(kept) <= len(objects) + 20  # a few floaters inside the core's margin at most
+        assert torch.equal(kept.means[: len(objects)], objects.means)
+        assert (
+            len(said) == 1 and "--background keep" in said[0] and f"of {len(objects) + 24_000:,}" in said[0]
+        )
+
+
+def test_mesh_with_tiles_drops_the_background_unless_told(tmp_path, monkeypatch):
+    """``--tiles`` meshes the scene's core by default; ``--background keep`` and an explicit ``--crop`` box
+    hand every (boxed) Gaussian to the tiles."""
+    from microdreamer.config import ExportConfig, SceneConfig
+    from microdreamer.jobs import export as export_job
+    from microdreamer.jobs import scene as scene_job
+
+    got = []
+    monkeypatch.setattr(scene_job, "export_scene", lambda splat, *a, **k: got.append(len(splat)))
+    objects = spheres(SCENE)
+    splat = backdrop(objects)
+    for background, crop in (("drop", None), ("keep", None), ("drop", "-20,-20,-20,20,20,20")):
+        config = ExportConfig(scene=SceneConfig(tiles="auto", background=background), crop=crop)
+        export_job.export_mesh(splat, tmp_path / "a.glb", config, torch.device("cpu"))
+    assert got[0] <= len(objects) + 20 and got[1] == len(splat)
+    assert got[2] == int((splat.means.abs() <= 20).all(-1).sum()) < len(splat)

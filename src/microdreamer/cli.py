@@ -110,6 +110,7 @@ COMMANDS = (
             Flag("--memory", "scene.memory", "GB|auto"),
             Flag("--tileset", "scene.tileset", "DIR"),
             Flag("--tile-texture", "scene.texture", "colors|bake"),
+            Flag("--background", "scene.background"),
             Flag("--crop", "crop", "BOX|auto"),
         ),
         batch=True,

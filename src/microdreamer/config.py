@@ -1099,6 +1099,8 @@ EXPORT_CARVE_DIRECTIONS = 24
 
 #: ``SceneConfig.texture``: the tiled path's colour
 TILE_TEXTURES = ("colors", "bake")
+#: ``--background``: what a tiled export does with a capture's sparse far background
+BACKGROUND_MODES = ("drop", "keep")
 
 
 @dataclass
@@ -1131,6 +1133,9 @@ class SceneConfig(Config):
             behind walls 3.9-5.6 voxels thick, 27 voxels across; ``bench_fidelity``'s capture-like shell
             object 0.53-0.56 behind 3.5-4.6 voxels, 64-86 across), so a scene keeps them; on drops them as
             the object path does.
+        background: ``"drop"`` (tiled mode without a crop box): the sparse far background of a capture (a
+            sky dome, distant trees, far floaters) is left out, only the scene's core is meshed
+            (:func:`microdreamer.crop.core_box`); ``"keep"``: every Gaussian.
     """
 
     tiles: int | str = setting("off", "off: one dense grid; auto or N: the scene meshed in tiles (N along "
@@ -1147,11 +1152,15 @@ class SceneConfig(Config):
                            "field, fast) or bake (a UV texture per tile from views each tile chooses, about "
                            "25 s a tile on a 2-core CPU; needs a .glb)", choices=TILE_TEXTURES)  # fmt: skip
     remove_cavities: bool = False
+    background: str = setting("drop", "tiled mode without --crop: drop leaves the sparse far background (sky, "
+                              "distant Gaussians) out and meshes the scene's core; keep meshes every Gaussian",
+                              choices=BACKGROUND_MODES)  # fmt: skip
 
     def validate(self) -> None:
         self.choose("texture", TILE_TEXTURES)
         if self.texture == "bake":
             self.require("texture", self.enabled, "bakes a scene meshed in tiles; add --tiles auto (or N)")
+        self.choose("background", BACKGROUND_MODES)
         if isinstance(self.tiles, str):
             self.require("tiles", self.tiles in ("off", "auto"), "must be off, auto or a tile count")
         else:

@@ -42,6 +42,18 @@ GROUND_AREA = 0.5
 GROUND_BELOW = 0.05
 #: the object's box grows by this share of its size on each side (not below the ground)
 AUTO_MARGIN = 0.03
+#: ``core_box``: occupancy cells along the longest side of the current box
+CORE_CELLS = 64
+#: ``core_box``: the reference density, a quantile of the density of the Gaussians' cells, opacity-weighted
+CORE_QUANTILE = 0.9
+#: ``core_box``: a cell is dense at this share of the reference density or more
+CORE_SHARE = 0.003
+#: ``core_box``: a group of dense cells counts when it holds this share of the heaviest group's opacity
+CORE_GROUP_SHARE = 0.01
+#: ``core_box``: the most rounds (each on the box the one before kept)
+CORE_ROUNDS = 8
+#: ``core_box``: the core's box grows by this share of its longest side on each side
+CORE_MARGIN = 0.03
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,20 @@ def inside(means: np.ndarray, box: CropBox) -> np.ndarray:
     return ((m >= np.asarray(box.lo, m.dtype)) & (m <= np.asarray(box.hi, m.dtype))).all(-1)
 
 
+def occupancy(
+    points: np.ndarray, weights: np.ndarray, lo: np.ndarray, hi: np.ndarray, cell: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The summed ``weights`` [N] of ``points`` [N, 3] per cubic cell of side ``cell`` of the box ``lo`` ..
+    ``hi``: ``(grid [X, Y, Z] float64, idx [N, 3] int64 each point's cell, ok [N] bool: its cell is in the
+    grid)``."""
+    dims = np.maximum(1, np.ceil((np.asarray(hi) - lo) / cell).astype(np.int64))
+    idx = np.floor((points - lo) / cell).astype(np.int64)
+    ok = ((idx >= 0) & (idx < dims)).all(-1)
+    flat = np.ravel_multi_index(tuple(idx[ok].T), tuple(dims))
+    grid = np.bincount(flat, weights=weights[ok], minlength=int(np.prod(dims))).reshape(tuple(dims))
+    return grid, idx, ok
+
+
 def auto_box(means: np.ndarray, opacities: np.ndarray) -> CropBox:
     """The box of the main object of a scene (module docstring).
 
@@ -99,11 +125,7 @@ def auto_box(means: np.ndarray, opacities: np.ndarray) -> CropBox:
         return CropBox(tuple(p.min(0)), tuple(p.max(0) + 1e-6), "all Gaussians at one point")
     cell = size / AUTO_CELLS
     lo, hi = lo - cell, hi + cell  # a border, so that the central part's edge cells are whole
-    dims = np.maximum(1, np.ceil((hi - lo) / cell).astype(int))
-    idx = np.floor((p - lo) / cell).astype(int)
-    ok = ((idx >= 0) & (idx < dims)).all(-1)
-    grid = np.zeros(dims)
-    np.add.at(grid, tuple(idx[ok].T), pw[ok])
+    grid, idx, ok = occupancy(p, pw, lo, hi, cell)
     occupied = grid >= AUTO_CELL_SHARE * pw.sum()
     left_out = []
     y0 = 0
@@ -206,3 +228,56 @@ def clamp_into(vertices: np.ndarray, box: CropBox) -> np.ndarray:
     """Vertices [V, 3] clamped into ``box`` (marching cubes places a surface crossing between the last
     point inside and the first outside: this moves those vertices less than one voxel, onto the box)."""
     return np.clip(vertices, np.asarray(box.lo, vertices.dtype), np.asarray(box.hi, vertices.dtype))
+
+
+def core_box(means: np.ndarray, opacities: np.ndarray) -> CropBox:
+    """The box of a scene capture's core, its sparse far background left out (``--tiles`` with
+    ``--background drop``).
+
+    In rounds, on the Gaussians inside the current box (at first, all of them): an occupancy grid of
+    :data:`CORE_CELLS` cells along the box's longest side sums their opacities per cell; the reference
+    density is the weighted :data:`CORE_QUANTILE` quantile of the density a Gaussian's cell has (the
+    densest 10 % of the opacity lie in cells at least that dense); the cells of at least
+    :data:`CORE_SHARE` of it are dense; of their 26-connected groups those holding at least
+    :data:`CORE_GROUP_SHARE` of the heaviest one's opacity count (all of them, not just the heaviest), and
+    the next box is that of the Gaussians in their cells or the cells' 26 neighbours. Rounds stop when a box keeps every Gaussian of the one before
+    (at most :data:`CORE_ROUNDS`); the last box grows by :data:`CORE_MARGIN` of its longest side on every
+    side. A scene without a sparse far part keeps its box whole.
+
+    Args:
+        means: [N, 3] Gaussian centres.
+        opacities: [N] opacities in [0, 1].
+    """
+    from scipy import ndimage
+
+    m = np.asarray(means, np.float64)
+    w = np.asarray(opacities, np.float64)
+    if len(m) == 0:
+        raise InputError("the splat is empty")
+    whole_lo, whole_hi = m.min(0), m.max(0)
+    lo, hi = whole_lo, whole_hi
+    for _ in range(CORE_ROUNDS):
+        held = ((m >= lo) & (m <= hi)).all(-1)
+        p, pw = m[held], w[held]
+        size = float((hi - lo).max())
+        if not size > 0 or pw.sum() <= 0:
+            break
+        cell = size / CORE_CELLS
+        grid, idx, _ = occupancy(p, pw, lo, lo + cell * (np.floor((hi - lo) / cell) + 1), cell)
+        # the weighted quantile over Gaussians of their cell's weight: over cells, each weighted by itself
+        values = np.sort(grid[grid > 0])
+        mass = np.cumsum(values)
+        ref = values[min(len(values) - 1, int(np.searchsorted(mass, CORE_QUANTILE * mass[-1])))]
+        labels, count = ndimage.label(grid >= CORE_SHARE * ref, structure=np.ones((3, 3, 3)))
+        weight = ndimage.sum(grid, labels, index=np.arange(1, count + 1))
+        heavy = np.flatnonzero(weight >= CORE_GROUP_SHARE * weight.max()) + 1
+        near = ndimage.binary_dilation(np.isin(labels, heavy), structure=np.ones((3, 3, 3), bool))
+        core = p[near[tuple(np.minimum(idx, np.asarray(near.shape) - 1).T)]]
+        new_lo, new_hi = core.min(0), core.max(0)
+        if np.array_equal(new_lo, lo) and np.array_equal(new_hi, hi):
+            break
+        lo, hi = new_lo, new_hi
+    if np.array_equal(lo, whole_lo) and np.array_equal(hi, whole_hi):
+        return CropBox(tuple(float(v) for v in lo), tuple(float(v) for v in hi), "the whole scene")
+    pad = CORE_MARGIN * float((hi - lo).max())
+    return CropBox(tuple(float(v) for v in lo - pad), tuple(float(v) for v in hi + pad), "the scene's core")

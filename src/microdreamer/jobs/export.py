@@ -456,6 +456,10 @@ def export_mesh(
         box = resolve_crop(splat, config.crop)
         say(box.describe())
         splat = crop_splat(splat, box, name)
+    elif config.scene.enabled and config.scene.background == "drop":
+        from microdreamer.jobs.scene import drop_background
+
+        splat = drop_background(splat, config.field.min_opacity, say)
     if config.scene.enabled:  # a scene in tiles: microdreamer.scene
         from microdreamer.jobs.scene import export_scene
 

@@ -66,6 +66,32 @@ def memory_budget(memory: float | str, workers: int = 1) -> int:
     return int(MEMORY_SHARE * free_host_memory() / max(1, workers))
 
 
+def drop_background(splat: Splat, min_opacity: float, stage: Callable[[str], None] | None = None) -> Splat:
+    """``splat`` (upright, any device) without its sparse far background (``--background drop``): the
+    Gaussians outside :func:`microdreamer.crop.core_box`'s box of those above ``min_opacity`` (the ones the
+    tiles would mesh). ``stage`` gets one line when any is left out: how many, the box kept, and the flag
+    that keeps them."""
+    from microdreamer.crop import core_box, inside
+
+    with torch.no_grad():
+        visible = splat.opacities().float() > min_opacity
+        means = splat.means.detach().float().cpu().numpy()
+        opacities = splat.opacities().detach().float().cpu().numpy()
+    shown = visible.cpu().numpy()
+    if not shown.any():
+        return splat
+    box = core_box(means[shown], opacities[shown])
+    keep = inside(means, box) | ~shown  # the faint ones go by the opacity filter, as without a box
+    left_out = int(shown.sum() - (keep & shown).sum())
+    if left_out == 0:
+        return splat
+    if stage is not None:
+        corners = ",".join(f"{v:.4g}" for v in (*box.lo, *box.hi))
+        stage(f"background: left out {left_out:,} of {int(shown.sum()):,} Gaussians, sparse and far from the "
+              f"scene's core; kept the box {corners} (--background keep meshes them all)")  # fmt: skip
+    return splat.subset(torch.from_numpy(keep).to(splat.means.device))
+
+
 def export_scene(
     splat: Splat,
     path: str | os.PathLike,

@@ -91,6 +91,13 @@ TILE_BYTES_PER_GAUSSIAN = 400
 #: bytes per (tile + 1)^2: the surface's vertices, faces, edge keys and merge candidates (the densest
 #: tiles of the guitar scene hold about 6 faces per cell of a side's area, ~200 bytes a face alive)
 TILE_BYTES_PER_AREA = 1600
+#: the first pass keeps tile fields on disk for the second (with a work folder, on a CPU plan) up to this
+#: many bytes in all, and this share of the work folder's free disk (``field_cache="auto"``); the tiles
+#: past it compute their field again in the second pass
+FIELD_CACHE_CEILING = 2_000_000_000
+FIELD_CACHE_SHARE = 0.25
+#: bytes of a kept field's ``.npy`` header, counted against the cap with its samples
+NPY_HEADER_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -686,10 +693,26 @@ def _interpolate_numpy(
 
 
 # ---------------------------------------------------------------------------------- one tile's work
+def field_file_bytes(plan: ScenePlan, t: int) -> int:
+    """Bytes of tile ``t``'s field kept on disk (its samples and the ``.npy`` header)."""
+    return 4 * math.prod(b - a + 1 for a, b in plan.tile_points(t)) + NPY_HEADER_BYTES
+
+
+def field_cache_bytes(work: Path, cap: int | str = "auto") -> int:
+    """The bytes of tile fields the first pass may keep in ``work`` (an existing folder): ``cap``, or for
+    ``"auto"`` :data:`FIELD_CACHE_SHARE` of its disk's free space, at most :data:`FIELD_CACHE_CEILING`."""
+    if cap != "auto":
+        return max(0, int(cap))
+    import shutil
+
+    return int(min(FIELD_CACHE_CEILING, FIELD_CACHE_SHARE * shutil.disk_usage(work).free))
+
+
 def tile_maxima(
     plan: ScenePlan,
     t: int,
     work: Path | None = None,
+    cache_below: int | None = None,
     counter: MemoryCounter | None = None,
     seconds: dict[str, float] | None = None,
 ) -> tuple[list[np.ndarray], bool]:
@@ -698,12 +721,15 @@ def tile_maxima(
     Returns ``(maxima, loaded)``: ``maxima[a]`` float32 over the tile's points of the two other axes
     (``[ny, nz]``, ``[nx, nz]``, ``[nx, ny]``); ``loaded``: the field was read from ``work``
     (``field_<t>.npy``, kept by an interrupted run) instead of computed. With ``work`` a computed field is
-    kept there for the second pass (:func:`tile_piece`), on a CPU plan only. ``seconds`` adds ``"field"``.
+    kept there for the second pass (:func:`tile_piece`), on a CPU plan only, when ``t`` is below
+    ``cache_below`` (None: every tile). ``seconds`` adds ``"field"``.
     """
     start = time.perf_counter()
     keep = work is not None and plan.device.type == "cpu"  # a device computes a field again faster
     cached = work / f"field_{t}.npy" if keep else None
     loaded = cached is not None and cached.exists()
+    if cache_below is not None and t >= cache_below and not loaded:
+        cached = None
     if loaded:
         values = torch.from_numpy(np.load(cached))
         if counter is not None:
@@ -998,6 +1024,7 @@ def scene_to_mesh(
     backend: str = "auto",
     map_tiles: TileMap | None = None,
     memory: int | None = None,
+    field_cache: int | str = "auto",
 ) -> SceneResult:
     """Mesh a scene tile by tile (module docstring): plan, iso level, tiles, weld, cleanup.
 
@@ -1020,6 +1047,8 @@ def scene_to_mesh(
         map_tiles: runs the per-tile work (the first pass's field maxima, the tiles' pieces); default
             :func:`serial_tiles`. The weld, the iso level and the cleanup run here.
         memory: bytes one tile's work may take, per worker: caps the tile (:func:`plan_scene`).
+        field_cache: bytes of tile fields the work folder may keep between the passes, or ``"auto"``
+            (:func:`field_cache_bytes`); the tiles past it (in tile order) compute their field again.
 
     Raises:
         ValueError: no Gaussian above the opacity filter, or no surface at the level.
@@ -1079,7 +1108,16 @@ def scene_to_mesh(
     else:  # first pass: the column maxima of the field, tile by tile
         maxima = [np.zeros([g.shape[b] for b in range(3) if b != a], np.float32) for a in range(3)]
         t1 = time.perf_counter()
-        results = map_tiles(tile_maxima, plan, occupied, {"work": work})
+        cache_below = None
+        if work is not None and plan.device.type == "cpu":
+            cap = field_cache_bytes(work, field_cache)
+            sizes = np.cumsum([field_file_bytes(plan, t) for t in occupied])
+            fits = int(np.searchsorted(sizes, cap, side="right"))
+            if fits < len(occupied):
+                cache_below = occupied[fits]
+                say(f"work folder: the first {fits} of {len(occupied)} tile fields kept on disk ({cap / 1e9:.3g} "
+                    "GB at most), the others computed again")  # fmt: skip
+        results = map_tiles(tile_maxima, plan, occupied, {"work": work, "cache_below": cache_below})
         for n, (t, ((tile_max, loaded), used, part)) in enumerate(zip(occupied, results, strict=True)):
             _merge_memory(counter, used)
             _add_seconds(worker_seconds, part)
