@@ -455,3 +455,34 @@ def test_mesh_with_tiles_drops_the_background_unless_told(tmp_path, monkeypatch)
         export_job.export_mesh(splat, tmp_path / "a.glb", config, torch.device("cpu"))
     assert got[0] <= len(objects) + 20 and got[1] == len(splat)
     assert got[2] == int((splat.means.abs() <= 20).all(-1).sum()) < len(splat)
+
+
+def _surface_points(mesh, k: int = 12) -> np.ndarray:
+    """Points on every face of ``mesh`` at the barycentric grid of step 1/k (the vertices included)."""
+    w = np.array([(i, j, k - i - j) for i in range(k + 1) for j in range(k + 1 - i)], np.float64) / k
+    tri = mesh.vertices.astype(np.float64)[mesh.faces]  # [F, 3, 3]
+    return np.einsum("pk,fkc->fpc", w, tri).reshape(-1, 3)
+
+
+def test_tiles_mesh_the_dense_path_s_surface():
+    """On one object the tiled path (its grid of voxels in world units, cut into tiles) meshes the surface
+    the dense path meshes (its normalised grid) at the same iso level and voxel: every vertex of either mesh
+    lies within half a voxel of the other mesh's surface (sampled at a twelfth of its faces' size)."""
+    from scipy.spatial import cKDTree
+
+    from microdreamer.field import prepare_gaussians
+    from microdreamer.jobs.export import splat_to_mesh
+
+    splat = spheres([(0.0, 0.0, 0.0)], n=2400)
+    mesh_config = MeshConfig(threshold=0.3)
+    dense = splat_to_mesh(splat, FieldConfig(resolution=64), mesh_config, torch.device("cpu"))
+    _, grid = prepare_gaussians(splat, FieldConfig(resolution=64))
+    spacing = 2.0 / (64 - 1) / grid.scale  # the dense grid's voxel in world units
+    tiled = scene_to_mesh(splat, FieldConfig(), mesh_config, voxel=spacing, tiles_along_longest=2)
+    assert tiled.stats["tiles_with_gaussians"] >= 2
+    assert tiled.level == pytest.approx(0.3)
+    assert 0.8 < tiled.mesh.num_faces / dense.mesh.num_faces < 1.25
+    for a, b in ((tiled.mesh, dense.mesh), (dense.mesh, tiled.mesh)):
+        dist, _ = cKDTree(_surface_points(b)).query(a.vertices.astype(np.float64))
+        assert float(dist.max()) < 0.5 * spacing, float(dist.max()) / spacing
+        assert float(dist.mean()) < 0.1 * spacing, float(dist.mean()) / spacing
