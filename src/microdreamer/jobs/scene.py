@@ -42,7 +42,7 @@ from microdreamer.splat import Splat
 logger = logging.getLogger(__name__)
 
 #: a dense export of this many Gaussians or more says that ``--tiles`` exists (the dense path held 5.9 GB at
-#: 1.09M and 20 GB at 4M on the CPU; benchmarks/README.md, bench_scene.py)
+#: 1.09M and 20 GB at 4M on the CPU; bench_scene.py)
 SCENE_HINT_GAUSSIANS = 2_000_000
 #: how a stage line names each tile backend
 BACKEND_NAMES = {
