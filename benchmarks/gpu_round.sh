@@ -144,7 +144,7 @@ case "$phase" in
     setup || exit 1
     first_use
     export TORCH_EXTENSIONS_DIR=/tmp/ext_cold
-    timeout 300 bash -c "$(declare -f cuda_tests); cuda_tests"
+    timeout 420 bash -c "$(declare -f cuda_tests); cuda_tests"
     timeout 90 bash -c "$(declare -f mesh_startup); mesh_startup" ;;
   roundB)  # one call on the warm machine: export and generate timings
     setup || exit 1
@@ -158,7 +158,7 @@ case "$phase" in
     setup || exit 1
     first_use
     export TORCH_EXTENSIONS_DIR=/tmp/ext_cold
-    timeout 240 bash -c "$(declare -f cuda_tests); cuda_tests"
+    timeout 420 bash -c "$(declare -f cuda_tests); cuda_tests"
     timeout 130 bash -c "$(declare -f export_bench); export_bench"
     timeout 120 bash -c "$(declare -f no_compiler); no_compiler" ;;
   *) echo "usage: $0 setup|first-use|cuda-tests|export|generate|no-compiler|startup|scenes|round1|round2|roundA|roundB" >&2; exit 2 ;;
