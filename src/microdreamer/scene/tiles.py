@@ -38,8 +38,9 @@ across tilings) or ``"torch"``, the PyTorch reference, on either. A tile's Gauss
 the tile runs, so device memory follows the tile (and the chunk), not the scene. Marching cubes, the weld
 and the cleanup run on the CPU.
 
-Not (yet) done per tile: silhouette carving (its views look at one object from outside) and the UV
-texture; a tiled mesh is coloured per vertex from the splat's colour field, tile by tile.
+Colour: per vertex from the splat's colour field, tile by tile (``colors``); a UV texture per tile is
+:mod:`microdreamer.scene.texture`'s, after the weld. Silhouette carving is not done per tile (its views look
+at one object from outside).
 """
 
 from __future__ import annotations
