@@ -309,3 +309,17 @@ def test_room_bake_on_cuda_matches_the_cpu(room):
     for part in (inner, ~inner):
         assert np.abs(np.median(a[part], 0) - np.median(b[part], 0)).max() < 0.02
     assert abs(gpu.stats["texels_from_views"] - cpu.stats["texels_from_views"]) < 0.02
+
+
+@pytest.mark.cuda
+def test_bake_cli_on_cuda(tmp_path, capsys):
+    """`mesh --tiles 2 --tile-texture bake --device cuda`: the splat loaded on the GPU, every tile baked
+    from the ring there, one textured node a tile (the CLI's path, not only :func:`texture_tile`'s)."""
+    from test_tileset import glb_json
+
+    rc, out, err = _bake_cli(tmp_path, capsys, "scene.glb", "--device", "cuda")
+    assert rc in (0, None), err
+    lines = [line for line in err.splitlines() if "texture: tile " in line]
+    assert len(lines) >= 2 and all(", ring, 26 views" in line for line in lines), lines
+    doc = glb_json(tmp_path / "scene.glb")
+    assert len(doc["nodes"]) == len(doc["images"]) == len(lines)

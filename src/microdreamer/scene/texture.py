@@ -110,10 +110,10 @@ def neighbourhood(splat: Splat, lo: np.ndarray, hi: np.ndarray, sigmas: float = 
     centre meets the box ``[lo, hi]`` (world, [3] each)."""
     with torch.no_grad():
         reach = sigmas * splat.scales().amax(-1, keepdim=True)
-        lo_t = torch.as_tensor(lo, dtype=splat.means.dtype)
-        hi_t = torch.as_tensor(hi, dtype=splat.means.dtype)
+        lo_t = torch.as_tensor(lo, dtype=splat.means.dtype, device=splat.means.device)
+        hi_t = torch.as_tensor(hi, dtype=splat.means.dtype, device=splat.means.device)
         inside = ((splat.means + reach >= lo_t) & (splat.means - reach <= hi_t)).all(-1)
-    return torch.nonzero(inside).flatten()
+    return torch.nonzero(inside).flatten().cpu()
 
 
 def faces_in_box(mesh: Mesh, lo: np.ndarray, hi: np.ndarray) -> Mesh:
