@@ -123,7 +123,9 @@ def _scene_gpu(name: str) -> str:
     doc = load(name)
     inproc, cli = doc["runs"]["in-process"], doc["runs"]["tiles"]
     n = doc["scene"]["gaussians"]
-    return (f"{n / 1e6:.1f}M Gaussians: {_s(inproc['wall_seconds'])} in-process (cleanup "
+    threads = doc["runs"].get("in-process-t4")
+    t4 = f" ({_s(threads['wall_seconds'])} with 4 tile threads)" if threads else ""
+    return (f"{n / 1e6:.1f}M Gaussians: {_s(inproc['wall_seconds'])} in-process{t4} (cleanup "
             f"{_s(inproc['stage_seconds']['cleanup'])}, marching {_s(inproc['stage_seconds']['marching'])} on the "
             f"CPU), {_s(cli['wall_seconds'])} CLI wall, peak GPU {inproc['peak_gpu_GiB']:.2f} GiB, {inproc['faces']:,} faces")  # fmt: skip
 
