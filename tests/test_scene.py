@@ -486,3 +486,52 @@ def test_tiles_mesh_the_dense_path_s_surface():
         dist, _ = cKDTree(_surface_points(b)).query(a.vertices.astype(np.float64))
         assert float(dist.max()) < 0.5 * spacing, float(dist.max()) / spacing
         assert float(dist.mean()) < 0.1 * spacing, float(dist.mean()) / spacing
+
+
+# ------------------------------------------------------------------------ mesh --tiles --tile-threads
+def test_tile_threads_write_the_serial_file(tmp_path, capsys):
+    """`--tile-threads 3` meshes three tiles at once: the same file, byte for byte, as one thread."""
+    from microdreamer import cli
+    from microdreamer.splat import write_ply
+
+    write_ply(spheres(SCENE[:4], n=300), tmp_path / "four.ply")
+    for threads in ("1", "3"):
+        args = ["mesh", str(tmp_path / "four.ply"), "-o", str(tmp_path / f"t{threads}.glb"), "--tiles", "3",
+                "--tile-threads", threads]  # fmt: skip
+        assert cli.main(args) == 0
+        err = capsys.readouterr().err
+        assert ("tiles on 3 threads of this process" in err) == (threads == "3"), err
+    assert (tmp_path / "t3.glb").read_bytes() == (tmp_path / "t1.glb").read_bytes()
+
+
+def test_tile_threads_auto_follows_the_device(monkeypatch):
+    import os
+
+    from microdreamer.jobs.scene import GPU_TILE_THREADS, tile_threads
+
+    assert tile_threads("auto", "cpu") == 1
+    assert tile_threads(5, "cpu") == 5
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert tile_threads("auto", "cuda") == GPU_TILE_THREADS
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert tile_threads("auto", "cuda:1") == 2
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--tiles", "auto", "--tile-threads", "0"], "error: --tile-threads 0: must be auto or between 1 and 256"),
+        (["--tiles", "auto", "--tile-threads", "many"], "error: --tile-threads many: must be auto or a thread count"),
+        (["--tile-threads", "2"], "error: --tile-threads 2: meshes a scene's tiles at once; add --tiles auto"),
+        (["--tiles", "auto", "--tile-threads", "2", "--workers", "2"], "with Ray workers each worker takes a tile"),
+    ],
+)  # fmt: skip
+def test_bad_tile_threads_are_one_line(tmp_path, capsys, extra, message):
+    from microdreamer import cli
+    from microdreamer.splat import write_ply
+
+    write_ply(spheres(SCENE[:1], n=200), tmp_path / "one.ply")
+    assert cli.main(["mesh", str(tmp_path / "one.ply"), "-o", str(tmp_path / "one.glb"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and message in err[-1], err
+    assert not (tmp_path / "one.glb").exists()

@@ -108,6 +108,7 @@ COMMANDS = (
             Flag("--tiles", "scene.tiles", "off|auto|N"),
             Flag("--voxel", "scene.voxel", "SIZE|auto"),
             Flag("--memory", "scene.memory", "GB|auto"),
+            Flag("--tile-threads", "scene.threads", "N|auto"),
             Flag("--tileset", "scene.tileset", "DIR"),
             Flag("--tile-texture", "scene.texture", "colors|bake"),
             Flag("--background", "scene.background"),
