@@ -238,3 +238,24 @@ def test_tileset_bad_input_is_one_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scene.ply"]
+
+
+def test_a_failed_tileset_leaves_neither_output(tmp_path, capsys, monkeypatch):
+    """The tileset fails after the checks (a full disk, say): the .glb is not left behind either, and an
+    earlier .glb of that name is kept as it was; the finished tiles stay in the work folder for a rerun."""
+    from microdreamer import cli
+    from microdreamer.scene import tileset
+    from microdreamer.splat import write_ply
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    write_ply(spheres(SCENE[:2], n=100), tmp_path / "scene.ply")
+    (tmp_path / "o.glb").write_bytes(b"earlier")
+    monkeypatch.setattr(tileset, "write_tileset", full_disk)
+    rc = cli.main(["mesh", str(tmp_path / "scene.ply"), "-o", str(tmp_path / "o.glb"), "--tiles", "2",
+                   "--tileset", str(tmp_path / "ts"), "--overwrite", "--texture", "none"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and err[-1].startswith("error: "), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.glb", "o.glb.tiles", "scene.ply"]
+    assert (tmp_path / "o.glb").read_bytes() == b"earlier"

@@ -125,6 +125,7 @@ def export_scene(
     (:class:`~microdreamer.jobs.scene_ray.RayTiles`); the tile is capped by ``config.scene.memory``
     (:func:`memory_budget`).
     """
+    from microdreamer.io_utils import atomic_path
     from microdreamer.jobs.export import ConvertResult, ExportResult
     from microdreamer.scene import scene_to_mesh, threaded_tiles
     from microdreamer.scene.tileset import tile_name
@@ -182,17 +183,21 @@ def export_scene(
             tiles, mesh, texture_stats = bake_tiles(result, splat, config, say, device)
     else:
         tiles = [(tile_name(result.plan.tile_index(t)), m) for t, m in result.tile_meshes()]
-    with timer.stage("export"):
-        if path.suffix.lower() == ".glb":
-            say(f"writing {path} ({len(tiles)} tile nodes)")
-            written = save_glb_nodes([m for _, m in tiles], path, [n for n, _ in tiles])
-        else:
-            sampled = " (one mesh: the tiles' textures sampled into vertex colours)" if bake else ""
-            say(f"writing {path}{sampled}")
-            written = save_mesh(mesh, path)
-    if scene.tileset is not None:
-        with timer.stage("tileset"):
-            write_scene_tileset(scene.tileset, tiles, mesh, result.plan.grid.spacing, say)
+    # the mesh staged beside its name and moved in only once the tileset is written too: a failed tileset
+    # leaves neither output
+    with atomic_path(path) as staged:
+        with timer.stage("export"):
+            if path.suffix.lower() == ".glb":
+                say(f"writing {path} ({len(tiles)} tile nodes)")
+                save_glb_nodes([m for _, m in tiles], staged, [n for n, _ in tiles])
+            else:
+                sampled = " (one mesh: the tiles' textures sampled into vertex colours)" if bake else ""
+                say(f"writing {path}{sampled}")
+                save_mesh(mesh, staged)
+        if scene.tileset is not None:
+            with timer.stage("tileset"):
+                write_scene_tileset(scene.tileset, tiles, mesh, result.plan.grid.spacing, say)
+    written = path
     shutil.rmtree(work, ignore_errors=True)
     g = result.plan.grid
     conv = ConvertResult(
