@@ -323,3 +323,77 @@ def test_bake_cli_on_cuda(tmp_path, capsys):
     assert len(lines) >= 2 and all(", ring, 26 views" in line for line in lines), lines
     doc = glb_json(tmp_path / "scene.glb")
     assert len(doc["nodes"]) == len(doc["images"]) == len(lines)
+
+
+# ------------------------------------------------------------------------------- the capture's cameras
+def _inside_capture() -> list:
+    """An INRIA cameras.json of a capture walked inside the room: 8 photos from near the centre, looking
+    at the four walls, the floor and the ceiling."""
+    from test_capture import _axes
+
+    looks = [
+        (1, 0, 0),
+        (-1, 0, 0),
+        (0, 0, 1),
+        (0, 0, -1),
+        (0.3, -1, 0.1),
+        (-0.2, 1, 0.1),
+        (1, 0.2, 1),
+        (-1, -0.2, -1),
+    ]
+    cams = []
+    for i, look in enumerate(looks):
+        p = np.array([0.1 * (i % 3) - 0.1, 0.05, 0.1 * (i % 2)])
+        cams.append({"id": i, "width": 320, "height": 240, "position": p.tolist(),
+                     "rotation": _axes(p, p + np.array(look, float)).tolist(), "fx": 160.0, "fy": 160.0})  # fmt: skip
+    return cams
+
+
+def test_room_is_baked_from_the_capture_cameras(room, tmp_path):
+    """Given the capture's own cameras (inside the room), the bake takes those instead of free-space
+    positions: the inner walls in the inner colour."""
+    import json
+
+    from microdreamer.data.capture import read_capture_cameras
+
+    splat, result = room
+    (tmp_path / "cameras.json").write_text(json.dumps(_inside_capture()))
+    capture = read_capture_cameras(tmp_path / "cameras.json")
+    out = texture_tile(result.mesh, splat, CONFIG, VIEWS, level=result.level, capture=capture)
+    s = out.stats
+    assert s["views"] == "capture" and 1 <= s["cameras"] <= len(capture) and s["positions"] >= 1
+    _same_geometry(out.mesh, result.mesh)
+    inner = _inner_faces(result.mesh)
+    colours = _face_colours(out.mesh)
+    assert np.abs(np.median(colours[inner], axis=0) - INNER).max() < 0.1
+    assert np.abs(np.median(colours[~inner], axis=0) - OUTER).max() < 0.1  # the ring's too
+
+
+def test_cameras_flag(tmp_path, capsys):
+    """`--cameras FILE`: read before any work and named in a line, the room baked from them; a bad file or
+    no bake is one line with nothing written."""
+    import json
+
+    from microdreamer import cli
+    from microdreamer.splat import write_ply
+
+    write_ply(cat(box_layer(1.0, INNER), box_layer(1.12, OUTER)), tmp_path / "room.ply")
+    (tmp_path / "small.yaml").write_text(SMALL_BAKE)
+    (tmp_path / "cameras.json").write_text(json.dumps(_inside_capture()))
+    (tmp_path / "bad.json").write_text(json.dumps({"frames": "none"}))
+    base = ["mesh", str(tmp_path / "room.ply"), "-o", str(tmp_path / "room.glb"), "--tiles", "1",
+            "--texture-size", "128", "--config", str(tmp_path / "small.yaml")]  # fmt: skip
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for extra, message in (
+        (["--tile-texture", "bake", "--cameras", str(tmp_path / "bad.json")], "neither an INRIA cameras.json"),
+        (["--cameras", str(tmp_path / "cameras.json")], "are the bake's views; add --tile-texture bake"),
+    ):  # fmt: skip
+        assert cli.main(base + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error: ") and message in err[-1], err
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    rc = cli.main(base + ["--tile-texture", "bake", "--cameras", str(tmp_path / "cameras.json")])
+    captured = capsys.readouterr()
+    assert rc in (0, None), captured.err
+    assert "capture cameras: 8 from " in captured.err
+    assert "baked in 1 tiles (1 capture cameras)" in captured.out, captured.out

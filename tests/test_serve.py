@@ -627,3 +627,27 @@ def test_options_use_the_cli_flags_and_the_config_fields():
                              ({"texture": {"bake": {"model": 1}}}, "the server loads its model")]:  # fmt: skip
         with pytest.raises(InputError, match=re.escape(message)):
             job_config("mesh", options, ExportConfig())
+
+
+@pytest.mark.parametrize(
+    "kind, options, named",
+    [
+        ("mesh", {"tileset": "/tmp/elsewhere"}, "tileset"),
+        ("mesh", {"scene": {"tileset": "/tmp/elsewhere"}}, "scene.tileset"),
+        ("mesh", {"tiles": "auto", "tile-texture": "bake", "cameras": "/etc/passwd"}, "cameras"),
+        ("mesh", {"workers": 2}, "workers"),
+        ("mesh", {"scene.ray_address": "10.0.0.1:6379"}, "scene.ray_address"),
+        ("generate", {"prior": {"hf_cache_dir": "/"}}, "prior.hf_cache_dir"),
+    ],
+)  # fmt: skip
+def test_options_naming_server_paths_are_refused(kind, options, named):
+    """A client's options may not name the server's files, folders or machines: a job reads its upload
+    and writes its own folder, nothing else."""
+    from microdreamer.errors import InputError
+    from microdreamer.serve import inputs
+
+    with pytest.raises(InputError) as e:
+        inputs.job_config(
+            kind, options, inputs.base_config(kind, "image" if kind == "generate" else None, None)
+        )
+    assert str(e.value).startswith(f"options: {named}: names the server's own files"), str(e.value)

@@ -111,6 +111,7 @@ COMMANDS = (
             Flag("--tile-threads", "scene.threads", "N|auto"),
             Flag("--tileset", "scene.tileset", "DIR"),
             Flag("--tile-texture", "scene.texture", "colors|bake"),
+            Flag("--cameras", "scene.cameras", "JSON"),
             Flag("--background", "scene.background"),
             Flag("--crop", "crop", "BOX|auto"),
         ),

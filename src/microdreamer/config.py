@@ -1131,6 +1131,9 @@ class SceneConfig(Config):
             :func:`microdreamer.scene.texture.texture_tile`, from views each tile chooses: about 25 s a
             tile there, ``benchmarks/results/scene_texture_1000k.json``); a bake writes a ``.glb`` (a
             material and image per tile's node) and the tileset's tiles.
+        cameras: the capture's own cameras (an INRIA ``cameras.json`` or a ``transforms.json``, in the
+            splat's coordinates: :mod:`microdreamer.data.capture`) as the bake's candidate views where the
+            ring does not see a tile, instead of free-space positions; needs ``texture = "bake"``.
         remove_cavities: the cleanup's ``MeshConfig.remove_cavities`` for a scene. Off: a closed room's
             inner walls are a cavity (closed, wound inward) and the surface a room capture is about. No rule
             on the cavity's shape tells them from a hollow object's inner shell (measured at the defaults:
@@ -1158,6 +1161,8 @@ class SceneConfig(Config):
     texture: str = setting("colors", "tiled mode's colour: colors (vertex colours from the splat's colour "
                            "field, fast) or bake (a UV texture per tile from views each tile chooses, about "
                            "25 s a tile on a 2-core CPU; needs a .glb)", choices=TILE_TEXTURES)  # fmt: skip
+    cameras: str | None = setting(None, "the capture's own cameras (cameras.json or transforms.json, in the "
+                                  "splat's coordinates) as the bake's views of tiles the ring does not see")  # fmt: skip
     remove_cavities: bool = False
     background: str = setting("drop", "tiled mode without --crop: drop leaves the sparse far background (sky, "
                               "distant Gaussians) out and meshes the scene's core; keep meshes every Gaussian",
@@ -1168,6 +1173,9 @@ class SceneConfig(Config):
         if self.texture == "bake":
             self.require("texture", self.enabled, "bakes a scene meshed in tiles; add --tiles auto (or N)")
         self.choose("background", BACKGROUND_MODES)
+        if self.cameras is not None:
+            self.require("cameras", self.cameras.strip() != "", "must name a cameras.json or transforms.json")
+            self.require("cameras", self.texture == "bake", "are the bake's views; add --tile-texture bake")
         if isinstance(self.threads, str):
             self.require("threads", self.threads == "auto", "must be auto or a thread count")
         else:

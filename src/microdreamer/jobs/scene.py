@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from microdreamer.cameras import Cameras
 from microdreamer.config import ExportConfig
 from microdreamer.errors import InputError
 from microdreamer.mesh import Mesh, save_glb_nodes, save_mesh
@@ -138,6 +139,14 @@ def export_scene(
     bake = scene.texture == "bake" and config.texture.mode != "none"
     colors = config.texture.mode != "none" and not bake
     path = Path(path)
+    capture = None
+    if bake and scene.cameras is not None:  # read first: a bad file stops the run before any work
+        from microdreamer.data.capture import read_capture_cameras, rotated
+        from microdreamer.orient import up_rotation
+
+        capture = read_capture_cameras(scene.cameras)
+        capture = rotated(capture, up_rotation(up)) if up != "+y" else capture
+        say(f"capture cameras: {len(capture)} from {scene.cameras} ({capture.width} x {capture.height})")
     work = path.with_name(path.name + ".tiles")
     distributed = scene.workers is not None or scene.ray_address is not None
     if distributed:
@@ -180,7 +189,7 @@ def export_scene(
     texture_stats = {"mode": "vertex colours (colour field)"} if colors else {}
     if bake:
         with timer.stage("texture"):
-            tiles, mesh, texture_stats = bake_tiles(result, splat, config, say, device)
+            tiles, mesh, texture_stats = bake_tiles(result, splat, config, say, device, capture)
     else:
         tiles = [(tile_name(result.plan.tile_index(t)), m) for t, m in result.tile_meshes()]
     # the mesh staged beside its name and moved in only once the tileset is written too: a failed tileset
@@ -208,18 +217,24 @@ def export_scene(
 
 
 def bake_tiles(
-    result, splat: Splat, config: ExportConfig, say: Callable[[str], None], device: str | torch.device = "cpu"
+    result,
+    splat: Splat,
+    config: ExportConfig,
+    say: Callable[[str], None],
+    device: str | torch.device = "cpu",
+    capture: Cameras | None = None,
 ) -> tuple[list[tuple[str, Mesh]], Mesh, dict]:
     """A UV texture per tile of the meshed scene ``result`` (a :class:`~microdreamer.scene.SceneResult`;
     :func:`~microdreamer.scene.texture.texture_scene` with ``config.texture``): ``(name, textured mesh)``
     per tile, the welded mesh with the textures sampled at its vertices, and the stats (``views``: how many
-    tiles took each kind of view, ``seconds`` per part summed over the tiles); the bake runs on ``device``."""
+    tiles took each kind of view, ``seconds`` per part summed over the tiles); the bake runs on ``device``,
+    with the ``capture``'s own cameras (upright, as the splat) as candidates where the ring falls short."""
     from microdreamer.scene.texture import VIEW_NAMES, texture_scene, tile_vertex_colours
     from microdreamer.scene.tileset import tile_name
 
     n = len(np.unique(result.face_tile))
     say(f"texture: baking {n} tiles ({config.texture.size}^2 texels each)")
-    baked = texture_scene(result, splat, config.texture, progress=say, device=device)
+    baked = texture_scene(result, splat, config.texture, progress=say, device=device, capture=capture)
     views: dict[str, int] = {}
     seconds: dict[str, float] = {}
     for b in baked:

@@ -268,7 +268,8 @@ def choose_views(
     lo, hi = region
     extent = float(np.max(hi - lo))
     near, far = 1e-3 * extent, 4.0 * extent
-    if capture is not None:
+    if capture is not None:  # clipped at the tile's scale, as the free-space cubes are
+        capture = Cameras(capture.viewmats, capture.Ks, capture.width, capture.height, near, far)
         cand = _resized(capture, views.vis_size)
         groups = [[i] for i in range(len(cand))]
         kind = "capture"
@@ -299,8 +300,8 @@ def choose_views(
         chosen.append(k)
         seen |= group_vis[k]
     cams = [i for k in chosen for i in groups[k] if bool(vis[i].any())]
-    if capture is not None:
-        out = capture[torch.tensor(cams, dtype=torch.long)]
+    if capture is not None:  # rendered at the bake's size, not the photos'
+        out = _resized(capture[torch.tensor(cams, dtype=torch.long)], views.size)
     else:
         out = cube_cameras(positions[chosen], views.size, near, far)
         keep = [6 * j + d for j, k in enumerate(chosen) for d in range(6) if bool(vis[groups[k][d]].any())]

@@ -21,6 +21,9 @@ from microdreamer.errors import ConfigError, InputError
 KINDS = ("mesh", "generate")
 #: option keys the server decides (the model is loaded once, at start)
 FIXED = ("model", "dtype")
+#: settings that name the server's own files, folders or machines (a tileset folder, a cameras file, a
+#: model cache, Ray workers): a client's job reads and writes its own folder only
+SERVER_SIDE = ("tileset", "cameras", "hf_cache_dir", "workers", "ray_address")
 #: mesh jobs: the output's format (``mesh.<format>``)
 MESH_FORMATS = tuple(s.lstrip(".") for s in config.MESH_FORMATS)
 
@@ -62,15 +65,15 @@ def _nest(flat: dict, where: str) -> dict:
     return out
 
 
-def _fixed_keys(data: Any, prefix: str = "") -> list[str]:
+def _fixed_keys(data: Any, prefix: str = "", names: tuple[str, ...] = FIXED) -> list[str]:
     if not isinstance(data, dict):
         return []
     found = []
     for k, v in data.items():
         path = f"{prefix}{k}"
-        if str(k) in FIXED:
+        if str(k).lstrip("-").replace("-", "_") in names:
             found.append(path)
-        found += _fixed_keys(v, f"{path}.")
+        found += _fixed_keys(v, f"{path}.", names)
     return found
 
 
@@ -111,6 +114,10 @@ def job_config(kind: str, options: dict, base):
                 if not isinstance(value, bool):
                     raise InputError(f"options: {key} {value!r}: must be true or false")
                 extras["refine"] = not value
+    server_side = _fixed_keys(_nest(options, "options"), names=SERVER_SIDE)
+    if server_side:
+        raise InputError(f"options: {', '.join(server_side)}: names the server's own files or machines; a "
+                         "job writes its own folder only (leave it out)")  # fmt: skip
     fixed = _fixed_keys(_nest(options, "options"))
     if fixed:
         raise InputError(f"options: {', '.join(fixed)}: the server loads its model once, at start "
