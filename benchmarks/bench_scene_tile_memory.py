@@ -34,22 +34,21 @@ from microdreamer.splat import read_splat
 
 tile, path, level = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 plan = plan_scene(read_splat(path), FieldConfig(), tile=tile)
-plan.gaussians_of(0)
-per = plan._starts[1:] - plan._starts[:-1]
-t = int(per.argmax())
+occupied, per = plan.occupied()
+t = int(occupied[per.argmax()])
 
 def status(key):
     return int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
 
-tile_piece(plan, int(torch.nonzero(per > 0).flatten()[0]), level, 1e-6, True)  # imports, kernels
+tile_piece(plan, int(occupied[0]), level, 1e-6, True)  # imports, kernels
 gc.collect()
 ctypes.CDLL("libc.so.6").malloc_trim(0)
 Path("/proc/self/clear_refs").write_text("5")
 before = status("VmRSS")
 counter, seconds = MemoryCounter(), {}
 piece, _ = tile_piece(plan, t, level, 1e-6, True, counter=counter, seconds=seconds)
-print(json.dumps({"tile": tile, "gaussians_in_tile": int(per[t]), "faces": int(piece.faces.shape[0]),
-                  "measured_bytes": status("VmHWM") - before, "estimate_bytes": tile_memory(tile, int(per[t])),
+print(json.dumps({"tile": tile, "gaussians_in_tile": int(per.max()), "faces": int(piece.faces.shape[0]),
+                  "measured_bytes": status("VmHWM") - before, "estimate_bytes": tile_memory(tile, int(per.max())),
                   "counted_bytes": counter.peak, "seconds": {k: round(v, 3) for k, v in seconds.items()}}))
 """
 

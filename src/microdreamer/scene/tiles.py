@@ -139,6 +139,7 @@ class ScenePlan:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = "cpp"
     _order: torch.Tensor | None = field(default=None, repr=False)
+    _tiles: torch.Tensor | None = field(default=None, repr=False)
     _starts: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -162,13 +163,26 @@ class ScenePlan:
         """[n] int64 indices (ascending) of the Gaussians whose cutoff box touches tile ``t``."""
         if self._order is None:
             self._bin()
-        return self._order[int(self._starts[t]) : int(self._starts[t + 1])]
+        k = int(torch.searchsorted(self._tiles, torch.tensor([t], dtype=self._tiles.dtype))[0])
+        if k == self._tiles.numel() or int(self._tiles[k]) != t:
+            return self._order[:0]
+        return self._order[int(self._starts[k]) : int(self._starts[k + 1])]
+
+    def occupied(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tiles some Gaussian's cutoff box touches (the only ones meshed): ``(tiles [T'] int64
+        ascending, counts [T'] int64 Gaussians binned to each)``."""
+        if self._order is None:
+            self._bin()
+        return self._tiles, self._starts[1:] - self._starts[:-1]
 
     def _bin(self) -> None:
         """(Gaussian, tile) pairs sorted by tile, Gaussians in order within a tile (in chunks of
-        :data:`PREPARE_CHUNK` Gaussians on the plan's device; int32 ids; the lists kept on the host)."""
+        :data:`PREPARE_CHUNK` Gaussians on the plan's device; int32 Gaussian ids, int32 tile ids where the
+        tiles allow); kept on the host for the occupied tiles only (memory follows the pairs, not the
+        tile count)."""
         device = self.device
         n_t = torch.tensor(self.tiles, device=device)
+        tile_dtype = torch.int32 if self.num_tiles < 2**31 else torch.int64
         gids, tids = [], []
         for start in range(0, self.boxes.shape[0], PREPARE_CHUNK):
             chunk = self.boxes[start : start + PREPARE_CHUNK].to(device)
@@ -191,14 +205,15 @@ class ScenePlan:
             ix = offset // (e[:, 2] * e[:, 1])
             tid = ((t0[rep, 0] + ix) * self.tiles[1] + (t0[rep, 1] + iy)) * self.tiles[2] + (t0[rep, 2] + iz)
             gids.append(gid[rep].int())
-            tids.append(tid.int())
-        gid, tid = torch.cat(gids), torch.cat(tids)
+            tids.append(tid.to(tile_dtype))
+        gid = torch.cat(gids) if gids else torch.zeros(0, dtype=torch.int32, device=device)
+        tid = torch.cat(tids) if tids else torch.zeros(0, dtype=tile_dtype, device=device)
         del gids, tids
         order = torch.argsort(tid, stable=True)
         self._order = gid[order].long().cpu()
-        self._starts = torch.searchsorted(
-            tid[order], torch.arange(self.num_tiles + 1, dtype=torch.int32, device=device)
-        ).cpu()
+        tiles, counts = torch.unique_consecutive(tid[order], return_counts=True)
+        self._tiles = tiles.long().cpu()
+        self._starts = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).long().cpu()
 
 
 def _prepare_voxel_units(
@@ -363,7 +378,10 @@ def densest_tile(prepared: PreparedGaussians, tile: int) -> int:
     cells = torch.div(prepared.means.clamp_min(0), tile, rounding_mode="floor").long()
     dims = cells.amax(0) + 1
     key = (cells[:, 0] * dims[1] + cells[:, 1]) * dims[2] + cells[:, 2]
-    most = int(torch.bincount(key).max())
+    if int(dims.prod()) <= max(1 << 24, 4 * key.numel()):  # a count per tile of the centres' box
+        most = int(torch.bincount(key).max())
+    else:  # a sparse scene: counts of the occupied tiles only
+        most = int(torch.unique(key, return_counts=True)[1].max())
     reach = float(prepared.radii.amax(-1).median())
     return math.ceil(most * ((tile + 2 * reach) / tile) ** 3)
 
@@ -1075,8 +1093,8 @@ def scene_to_mesh(
     g = plan.grid
     diag = g.spacing * math.sqrt(sum((s - 1) ** 2 for s in g.shape))
     tolerance = float(mesh_config.merge_tolerance) * diag
-    per_tile = plan._starts[1:] - plan._starts[:-1]
-    occupied = torch.nonzero(per_tile > 0).flatten().tolist()
+    tiles_occupied, per_tile = plan.occupied()
+    occupied = tiles_occupied.tolist()
     need = tile_memory(plan.tile, int(per_tile.max()) if per_tile.numel() else 0)
     budget = f" of a {memory / 1e9:.3g} GB budget" if memory is not None else ""
     say(f"scene grid {g.shape[0]}x{g.shape[1]}x{g.shape[2]} points of {g.spacing:.4g}, "
