@@ -308,6 +308,29 @@ def test_a_voxel_too_small_for_the_scene_is_refused():
         plan_scene(spheres(SCENE[:2], n=100), FieldConfig(), voxel=1e-5)
 
 
+def test_a_thinned_iso_pass_is_the_same_whatever_the_tiling(monkeypatch):
+    """Where the iso level's images would pass ISO_MAX_COLUMNS the columns are taken further apart (every
+    3rd here): the level is the one the whole grid's column maxima and alphas at those columns give, in
+    any tiling."""
+    from microdreamer.field.iso import choose_iso_level
+    from microdreamer.scene import tiles
+
+    splat = spheres(SCENE)
+    plan = plan_scene(splat, FieldConfig(), tile=4096)
+    a, b = sorted(plan.grid.shape)[1:]
+    monkeypatch.setattr(tiles, "ISO_MAX_COLUMNS", -(-a // 3) * -(-b // 3))
+    assert tiles.iso_stride(plan.grid.shape) == 3
+    values = torch.from_numpy(tiles.tile_field(plan, 0).copy())
+    maxima = [values.amax(axis)[::3, ::3].contiguous() for axis in range(3)]
+    level = choose_iso_level(maxima, tiles._column_alphas(plan, splat, 3)).level
+    config = MeshConfig(threshold="auto")
+    for tile in (plan.grid.shape[0] - 1, math.ceil((plan.grid.shape[0] - 1) / 3)):
+        said = []
+        result = scene_to_mesh(splat, FieldConfig(), config, plan=retile(plan, tile), progress=said.append)
+        assert result.level == level
+        assert any(s.startswith("iso level from a column every 3 grid points") for s in said)
+
+
 def test_a_large_dense_export_names_tiles(tmp_path, monkeypatch):
     from microdreamer.config import ExportConfig, TextureConfig
     from microdreamer.jobs import scene as scene_job

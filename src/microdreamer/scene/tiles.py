@@ -25,8 +25,8 @@ The iso level is one for the scene, chosen before any tile is meshed: a fixed ``
 ``auto`` as :func:`~microdreamer.field.iso.choose_iso_level` chooses it for a dense grid, from the
 scene's column maxima (a first pass over the tiles, field only: the maximum along a column is the
 maximum of the tiles' maxima; with a work folder the fields are kept on disk for the second pass) and the
-splat's alpha along the grid's three axes, at every :data:`ISO_STRIDE`-th column both ways; tiling
-changes neither.
+splat's alpha along the grid's three axes, at every :data:`ISO_STRIDE`-th column both ways (more apart
+where an image would pass :data:`ISO_MAX_COLUMNS`, :func:`iso_stride`); tiling changes neither.
 
 Devices
 -------
@@ -81,6 +81,16 @@ COLOUR_STRIDE = 2
 #: the auto iso level is chosen from every ISO_STRIDE-th column of each axis, both ways (the pooled IoU's
 #: statistic on a quarter of the columns: the alpha images cost a quarter)
 ISO_STRIDE = 2
+#: columns of one iso-level image at most (the field's column maxima and the splat's alpha across an axis
+#: are dense over the grid's face, about 40 bytes a column in the pass: 0.5 GB for the three at most); past
+#: it the stride grows (:func:`iso_stride`): a grid of up to 4096 x 4096 points across its two longest axes
+#: keeps :data:`ISO_STRIDE`
+ISO_MAX_COLUMNS = 1 << 22
+#: the merge tolerance (``MeshConfig.merge_tolerance``, a fraction of the bounding box's diagonal) at most
+#: this many voxels, so that it does not grow with the scene (the default 1e-6 reaches it at a diagonal
+#: of 31,250 voxels; :meth:`~microdreamer.mesh.marching.GridVertices.merge_candidates` searches all
+#: vertices from a quarter)
+MERGE_MAX_VOXELS = 1 / 32
 #: the smallest tile a memory budget may choose (cells a side; :class:`~microdreamer.config.SceneConfig`'s)
 MIN_TILE = 8
 #: one tile's work, bytes per point of its padded (tile + 3)^3 cube: the field and its padded copy
@@ -947,6 +957,17 @@ def tile_of_points(plan: ScenePlan, points: np.ndarray) -> np.ndarray:
     return (idx[:, 0] * plan.tiles[1] + idx[:, 1]) * plan.tiles[2] + idx[:, 2]
 
 
+def iso_stride(shape: Sequence[int]) -> int:
+    """The column stride of the iso level's images for a grid of ``shape`` points: :data:`ISO_STRIDE`, or
+    the smallest above it whose largest image (across the two longest axes) holds at most
+    :data:`ISO_MAX_COLUMNS` columns."""
+    a, b = sorted(int(n) for n in shape)[1:]
+    stride = max(ISO_STRIDE, math.isqrt(a * b // ISO_MAX_COLUMNS))
+    while -(-a // stride) * -(-b // stride) > ISO_MAX_COLUMNS:
+        stride += 1
+    return stride
+
+
 def _column_alphas(plan: ScenePlan, splat: Splat, stride: int = ISO_STRIDE) -> list[torch.Tensor]:
     """The splat's alpha along the grid's three axes at every ``stride``-th column both ways
     ([ceil(n_b / stride), ceil(n_c / stride)] for axis a; the low-pass filter is the grid's, one grid
@@ -1092,7 +1113,7 @@ def scene_to_mesh(
     worker_seconds: dict[str, float] = {}
     g = plan.grid
     diag = g.spacing * math.sqrt(sum((s - 1) ** 2 for s in g.shape))
-    tolerance = float(mesh_config.merge_tolerance) * diag
+    tolerance = min(float(mesh_config.merge_tolerance) * diag, MERGE_MAX_VOXELS * g.spacing)
     tiles_occupied, per_tile = plan.occupied()
     occupied = tiles_occupied.tolist()
     need = tile_memory(plan.tile, int(per_tile.max()) if per_tile.numel() else 0)
@@ -1124,8 +1145,12 @@ def scene_to_mesh(
         iso = IsoLevel(float(mesh_config.threshold), "fixed")
     elif "level" in state:
         iso = IsoLevel(state["level"], state["iso_method"], state.get("iso_iou"))
-    else:  # first pass: the column maxima of the field, tile by tile
-        maxima = [np.zeros([g.shape[b] for b in range(3) if b != a], np.float32) for a in range(3)]
+    else:  # first pass: the column maxima of the field at every stride-th column, tile by tile
+        stride = iso_stride(g.shape)
+        if stride != ISO_STRIDE:
+            say(f"iso level from a column every {stride} grid points (images of {ISO_MAX_COLUMNS:,} at most)")
+        sides = [-(-n // stride) for n in g.shape]
+        maxima = [np.zeros([sides[b] for b in range(3) if b != a], np.float32) for a in range(3)]
         t1 = time.perf_counter()
         cache_below = None
         if work is not None and plan.device.type == "cpu":
@@ -1142,20 +1167,22 @@ def scene_to_mesh(
             _add_seconds(worker_seconds, part)
             fields_resumed += int(loaded)
             first = [b[0] for b in plan.tile_points(t)]
-            for a in range(3):  # the column maxima of the tile's points, across axis a
-                across = [b for b in range(3) if b != a]
-                sl = tuple(
-                    slice(first[b], first[b] + n_b) for b, n_b in zip(across, tile_max[a].shape, strict=True)
-                )
-                np.maximum(maxima[a][sl], tile_max[a], out=maxima[a][sl])
+            for a in range(3):  # the column maxima of the tile's points, across axis a, at the kept columns
+                src, dst = [], []
+                for b, n_b in zip([b for b in range(3) if b != a], tile_max[a].shape, strict=True):
+                    skip = -first[b] % stride  # the tile's first column of a multiple of the stride
+                    count = len(range(skip, n_b, stride))
+                    src.append(slice(skip, n_b, stride))
+                    dst.append(slice((first[b] + skip) // stride, (first[b] + skip) // stride + count))
+                view = maxima[a][tuple(dst)]
+                np.maximum(view, tile_max[a][tuple(src)], out=view)
             say(f"iso-level pass: tile {n + 1}/{len(occupied)}")
         seconds["iso_field"] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        alphas = _column_alphas(plan, splat)
+        alphas = _column_alphas(plan, splat, stride)
         _sync(plan.device)
         seconds["iso_alpha"] = time.perf_counter() - t1
-        maxima = [torch.from_numpy(np.ascontiguousarray(m[::ISO_STRIDE, ::ISO_STRIDE])) for m in maxima]
-        iso = choose_iso_level(maxima, alphas)
+        iso = choose_iso_level([torch.from_numpy(m) for m in maxima], alphas)
         del maxima, alphas
     seconds["iso"] = time.perf_counter() - t0 - seconds.get("iso_field", 0.0) - seconds.get("iso_alpha", 0.0)
     rss["iso"] = _peak_rss_gib()
@@ -1191,7 +1218,13 @@ def scene_to_mesh(
     _, labels = _vertex_components(welded.faces, welded.num_vertices)
     counts = np.bincount(labels[welded.faces[:, 0]])
     fraction = mesh_config.min_component_fraction * float(counts.max()) / float(welded.num_faces)
-    clean_config = replace(mesh_config, threshold=iso.level, min_component_fraction=fraction)
+    merge = float(mesh_config.merge_tolerance)
+    v = welded.vertices
+    extent = math.hypot(*(float(v[:, a].max()) - float(v[:, a].min()) for a in range(3)))  # cleanup's
+    if merge * extent > MERGE_MAX_VOXELS * g.spacing:  # the tolerance in voxels, not growing with the scene
+        merge = MERGE_MAX_VOXELS * g.spacing / extent
+    clean_config = replace(mesh_config, threshold=iso.level, min_component_fraction=fraction,
+                           merge_tolerance=merge)  # fmt: skip
     mesh, cleanup = cleanup_mesh_with_stats(welded, clean_config, _Candidates(candidates))
     face_tile = np.asarray(occupied, np.int64)[face_piece[cleanup.face_source]]
     del face_piece
