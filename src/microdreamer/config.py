@@ -1113,7 +1113,8 @@ class SceneConfig(Config):
             ``tile`` cells a side) or N (N tiles along the grid's longest axis).
         tile: cells per tile side with ``tiles = "auto"`` (a tile's field is (tile + 1)^3 float32).
         voxel: the global grid's spacing in the splat's units, or ``"auto"``: 0.8 times the median of the
-            Gaussians' largest scales (``scene.tiles.VOXEL_FACTOR``), no resolution cap.
+            Gaussians' largest scales (``scene.tiles.VOXEL_FACTOR``), no fixed resolution cap: grown only
+            past what the plan addresses (``scene.tiles.grid_limit``: 2^20 points along an axis).
         memory: GB one tile's work may take per worker (its field, Gaussians and marching cubes' arrays),
             or ``"auto"``: a quarter of the free memory shared by the workers; the tile is made smaller
             where ``tile`` would not fit.

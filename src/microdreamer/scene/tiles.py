@@ -6,7 +6,9 @@ One global grid of points ``origin + spacing * (i, j, k)``, ``0 <= i < shape[0]`
 kept Gaussians' centres with a margin. Its cells are cut into cubic tiles of ``tile`` cells a side: tile
 ``(a, b, c)`` holds the points ``a * tile .. a * tile + tile`` along x (and so on, clipped to the grid), so
 two neighbouring tiles share one plane of points and no cell. Each Gaussian goes to every tile its cutoff
-box (the grid points where it can count, :mod:`microdreamer.field.common`'s exact mode) touches.
+box (the grid points where it can count, :mod:`microdreamer.field.common`'s exact mode) touches; only the
+tiles some Gaussian touches are kept and meshed, so nothing is dense over the grid and its size is limited
+only by what its coordinates and ids address (:func:`grid_limit`).
 
 Exactness
 ---------
@@ -72,8 +74,13 @@ VOXEL_FACTOR = 0.8
 #: the grid's margin beyond the kept centres: this many voxels, plus 3 times the 99th percentile of the
 #: Gaussians' largest scales
 MARGIN_VOXELS = 4
-#: points along the grid's longest axis at most (``voxel="auto"`` grows the voxel to fit)
-MAX_POINTS = 16384
+#: grid points along an axis at most (:func:`grid_limit`): the Gaussians' centres in voxel units are
+#: float32, which keeps them to 1/32 of a voxel (half an ulp) below 2^20 (a float32 splat spanning as many
+#: voxels around its origin rounds its own coordinates as much)
+MAX_AXIS_POINTS = 1 << 20
+#: the weld's int64 vertex keys, ``4 * (nx + 2) * (ny + 2) * (nz + 2)`` at most (a grid edge or point and
+#: its axis, :func:`tile_mesh`), stay below this; :data:`MAX_AXIS_POINTS` on every axis keeps them there
+MAX_KEYS = 2**63 - 1
 #: Gaussians prepared at once (float64 work arrays of about 300 bytes each)
 PREPARE_CHUNK = 1 << 20
 #: the vertex colours' grid takes every COLOUR_STRIDE-th grid point
@@ -226,6 +233,41 @@ class ScenePlan:
         self._starts = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).long().cpu()
 
 
+def grid_limit(shape: Sequence[int]) -> str | None:
+    """Why a global grid of ``shape`` points is past what the plan can address, or None. Nothing of the
+    plan is dense over the grid (the tiles' bins are kept for the occupied tiles, the iso level's images
+    thinned to :data:`ISO_MAX_COLUMNS`, a tile's own indices are local): what limits it are the Gaussians'
+    float32 voxel coordinates (:data:`MAX_AXIS_POINTS`) and the weld's int64 keys (:data:`MAX_KEYS`)."""
+    if max(shape) > MAX_AXIS_POINTS:
+        return (
+            f"more than {MAX_AXIS_POINTS:,} points along an axis (the Gaussians' float32 voxel coordinates)"
+        )
+    if 4 * math.prod(int(n) + 2 for n in shape) > MAX_KEYS:
+        return "more grid edges than the weld's int64 keys address"
+    return None
+
+
+def _grid_shape(lo: torch.Tensor, hi: torch.Tensor, h: float, p99: float) -> tuple[torch.Tensor, tuple]:
+    """The grid of spacing ``h`` over the centres' box ``[lo, hi]`` ([3] float64) with its margin (of
+    :data:`MARGIN_VOXELS` voxels and 3 times ``p99``, the largest scales' 99th percentile): (origin, shape)."""
+    margin = MARGIN_VOXELS * h + 3.0 * p99
+    origin = lo - margin
+    shape = tuple(max(2, math.ceil(min(float(v), 1e300)) + 1) for v in (hi + margin - origin) / h)
+    return origin, shape
+
+
+def _fitting_voxel(lo: torch.Tensor, hi: torch.Tensor, h: float, p99: float) -> float:
+    """The smallest voxel of at least ``h`` (to a part in 10^6) whose grid passes :func:`grid_limit`."""
+    if grid_limit(_grid_shape(lo, hi, h, p99)[1]) is None:
+        return h
+    # along an axis: ceil((extent + 6 p99) / h) + 2 MARGIN_VOXELS + 1 points
+    span = float((hi - lo).amax()) + 6.0 * p99
+    h = max(h, span / (MAX_AXIS_POINTS - 2 * MARGIN_VOXELS - 1))
+    while grid_limit(_grid_shape(lo, hi, h, p99)[1]) is not None:  # rounding, or the keys' product
+        h *= 1.0 + 1e-6
+    return h
+
+
 def _prepare_voxel_units(
     splat: Splat,
     keep: torch.Tensor,
@@ -279,6 +321,7 @@ def plan_scene(
     device: str | torch.device = "cpu",
     backend: str = "auto",
     memory: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> ScenePlan:
     """Lay the global grid over ``splat`` (CPU) and cut it into tiles.
 
@@ -287,8 +330,8 @@ def plan_scene(
         config: the field's settings (exact mode: ``min_opacity``, ``cutoff_tol``, ``voxel_filter``).
         tile: cells per tile side.
         voxel: the grid spacing in the splat's units, or ``"auto"``: :data:`VOXEL_FACTOR` times the median of
-            the kept Gaussians' largest scales (grown so that the longest axis has at most
-            :data:`MAX_POINTS` points).
+            the kept Gaussians' largest scales, grown only where the grid would pass :func:`grid_limit`
+            (:data:`MAX_AXIS_POINTS` points along an axis), which ``progress`` is told in one line.
         tiles_along_longest: when given, ``tile`` is chosen so that the grid's longest axis holds this many
             tiles (``--tiles N``).
         device: where the preparation, the binning and later the tiles run (module docstring).
@@ -296,10 +339,11 @@ def plan_scene(
             ``"auto"`` (cpp on the CPU; on a CUDA device cuda where the kernels load, else torch).
         memory: bytes one tile's work may take (``--memory``): the tile is made smaller where the
             estimate of its densest tile's work (:func:`tile_memory`) passes it.
+        progress: called with a one-line message (the auto voxel grown); default: a logged warning.
 
     Raises:
-        ValueError: bad Gaussians, a voxel too small, or a budget that not even a tile of
-            :data:`MIN_TILE` cells fits.
+        ValueError: bad Gaussians, a voxel too small for :func:`grid_limit`, or a budget that not even a
+            tile of :data:`MIN_TILE` cells fits.
     """
     if config.mode != "exact":
         raise ValueError("the tiled path computes the exact mode's field (--mode exact)")
@@ -325,20 +369,24 @@ def plan_scene(
         p99 = float(torch.quantile(largest[: 1 << 24].float(), 0.99))
     extent = float((hi - lo).amax())
     if voxel == "auto":
-        h = VOXEL_FACTOR * med if med > 0 else max(extent, 1.0) / 128
-        h = max(h, extent / (MAX_POINTS - 2 * MARGIN_VOXELS - 1), 1e-30)
+        asked = max(VOXEL_FACTOR * med if med > 0 else max(extent, 1.0) / 128, 1e-30)
+        h = _fitting_voxel(lo, hi, asked, p99)
+        if h != asked:
+            why = grid_limit(_grid_shape(lo, hi, asked, p99)[1])
+            (progress or logger.warning)(f"voxel {asked:.4g} (from the Gaussians' scales) grown to {h:.4g}: "
+                                         f"the scene spans {extent:.4g}, and the grid would have {why}")  # fmt: skip
     else:
         h = float(voxel)
-        if not (h > 0.0 and extent / h < MAX_POINTS):
-            raise ValueError(
-                f"voxel {voxel:g}: the grid would have {extent / h:.3g} points along its longest axis (the "
-                f"scene spans {extent:.4g}), more than {MAX_POINTS}; use a voxel of {extent / (MAX_POINTS - 64):.3g} "
-                "or more"
-            )
-    margin = MARGIN_VOXELS * h + 3.0 * p99
-    origin = lo - margin
-    shape = tuple(int(v) for v in torch.ceil((hi + margin - origin) / h).long() + 1)
-    shape = tuple(max(2, s) for s in shape)
+        if not (h > 0.0 and math.isfinite(h)):
+            raise ValueError(f"voxel {voxel}: must be a positive number")
+        why = grid_limit(_grid_shape(lo, hi, h, p99)[1])
+        if why is not None:
+            least = _fitting_voxel(lo, hi, h, p99)
+            step = 10.0 ** (math.floor(math.log10(least)) - 2)
+            least = math.ceil(least * (1.0 + 1e-9) / step) * step  # three digits, rounded up
+            raise ValueError(f"voxel {h:g}: the scene spans {extent:.4g}, so the grid would have {why}; use a "
+                             f"voxel of {least:g} or more")  # fmt: skip
+    origin, shape = _grid_shape(lo, hi, h, p99)
     grid = SceneGrid(tuple(float(v) for v in origin), float(h), shape)
     prepared, boxes = _prepare_voxel_units(splat, keep, grid, config, config.filter_variance, device)
     if tiles_along_longest is not None:
@@ -1102,7 +1150,7 @@ def scene_to_mesh(
     start = time.perf_counter()
     splat = splat.to("cpu")
     if plan is None:
-        plan = plan_scene(splat, field_config, tile, voxel, tiles_along_longest, device, backend, memory)
+        plan = plan_scene(splat, field_config, tile, voxel, tiles_along_longest, device, backend, memory, say)
     if len(plan.prepared) == 0:
         raise ValueError(f"no Gaussian has opacity above {field_config.min_opacity}; nothing to mesh")
     plan.gaussians_of(0)  # bin now, inside the plan's time
