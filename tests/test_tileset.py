@@ -259,3 +259,23 @@ def test_a_failed_tileset_leaves_neither_output(tmp_path, capsys, monkeypatch):
     assert rc != 0 and err[-1].startswith("error: "), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.glb", "o.glb.tiles", "scene.ply"]
     assert (tmp_path / "o.glb").read_bytes() == b"earlier"
+
+
+@pytest.mark.parametrize("extra", [["--tiles", "2"], ["--resolution", "32"]])
+def test_a_glb_past_4_gib_is_one_line(tmp_path, capsys, monkeypatch, extra):
+    """A .glb's length is a uint32: a mesh that would pass it (here the limit made small) is refused in one
+    line that names the output and says what to do, with nothing written (a rerun as it is would fail
+    again, so a scene's finished tiles are not kept)."""
+    from microdreamer import cli
+    from microdreamer.mesh import export
+    from microdreamer.splat import write_ply
+
+    write_ply(spheres(SCENE[:2], n=100), tmp_path / "scene.ply")
+    monkeypatch.setattr(export, "GLB_MAX_BYTES", 1000)
+    rc = cli.main(
+        ["mesh", str(tmp_path / "scene.ply"), "-o", str(tmp_path / "o.glb"), "--texture", "none", *extra]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith(f"error: {tmp_path / 'o.glb'}: "), err
+    assert "a .glb holds at most 4 GiB; write OUT.ply" in err[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scene.ply"]  # the tiles' work folder too

@@ -36,7 +36,8 @@ import torch
 from microdreamer.cameras import Cameras
 from microdreamer.config import ExportConfig
 from microdreamer.errors import InputError
-from microdreamer.mesh import Mesh, save_glb_nodes, save_mesh
+from microdreamer.mesh import Mesh, save_mesh
+from microdreamer.mesh.export import glb_nodes_bytes, glb_or_one_line
 from microdreamer.profiling import StageTimer
 from microdreamer.splat import Splat
 
@@ -198,7 +199,14 @@ def export_scene(
         with timer.stage("export"):
             if path.suffix.lower() == ".glb":
                 say(f"writing {path} ({len(tiles)} tile nodes)")
-                save_glb_nodes([m for _, m in tiles], staged, [n for n, _ in tiles])
+                nodes = [m for _, m in tiles], [n for n, _ in tiles]
+                try:
+                    data = glb_or_one_line(lambda: glb_nodes_bytes(*nodes), path)
+                except InputError:  # too large for a .glb: a rerun as it is would fail again
+                    shutil.rmtree(work, ignore_errors=True)
+                    raise
+                staged.write_bytes(data)
+                del data
             else:
                 sampled = " (one mesh: the tiles' textures sampled into vertex colours)" if bake else ""
                 say(f"writing {path}{sampled}")

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from microdreamer.config import MESH_FORMATS
+from microdreamer.errors import InputError
 from microdreamer.io_utils import atomic_path, check_output_path
 from microdreamer.mesh.types import Mesh
 
@@ -38,7 +39,8 @@ def save_mesh(mesh: Mesh, path: str | os.PathLike) -> Path:
     OBJ last), so a failure leaves neither a partial file nor a temporary one.
 
     Raises:
-        InputError: the suffix is not .glb, .obj or .ply, or the output folder does not exist.
+        InputError: the suffix is not .glb, .obj or .ply, the output folder does not exist, or a .glb
+            would pass :data:`GLB_MAX_BYTES`.
         ValueError: the mesh is empty.
 
     Returns:
@@ -54,7 +56,7 @@ def save_mesh(mesh: Mesh, path: str | os.PathLike) -> Path:
         logger.info("wrote %s (+ .mtl, .png; %d vertices, %d faces)", path, mesh.num_vertices, mesh.num_faces)
         return path
     if suffix == ".glb":
-        data = glb_bytes(mesh)
+        data = glb_or_one_line(lambda: glb_bytes(mesh), path)
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
         logger.info("wrote %s (%d vertices, %d faces)", path, mesh.num_vertices, mesh.num_faces)
@@ -78,6 +80,9 @@ def save_mesh(mesh: Mesh, path: str | os.PathLike) -> Path:
 #: on the dev CPU); smooth synthetic gradients compress worse (up to 2.5x).
 PNG_OPTIONS = {"compress_level": 6, "compress_type": 3}
 
+#: a .glb's length is a uint32 (glTF 2.0's binary header): 4 GiB at most
+GLB_MAX_BYTES = 2**32 - 1
+
 _FLOAT, _UINT8, _UINT32 = 5126, 5121, 5125  # glTF component types
 _ARRAY_BUFFER, _ELEMENT_ARRAY_BUFFER = 34962, 34963
 
@@ -91,6 +96,20 @@ def png_bytes(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).save(buffer, format="PNG", **PNG_OPTIONS)
     return buffer.getvalue()
+
+
+class GlbTooLarge(ValueError):
+    """The meshes would make a .glb longer than :data:`GLB_MAX_BYTES`."""
+
+
+def glb_or_one_line(make, path: str | os.PathLike) -> bytes:
+    """``make()``'s .glb bytes for the file ``path``; :class:`GlbTooLarge` as one InputError line naming
+    ``path``, with what to do."""
+    try:
+        return make()
+    except GlbTooLarge as e:
+        raise InputError(f"{path}: {e}; write OUT.ply (no such limit), or mesh it coarser (a larger --voxel, "
+                         "or --max-faces)") from None  # fmt: skip
 
 
 def glb_bytes(mesh: Mesh) -> bytes:
@@ -188,8 +207,13 @@ def glb_nodes_bytes(meshes: Sequence[Mesh], names: Sequence[str] | None = None) 
     )
     text = json.dumps(doc, separators=(",", ":")).encode("utf-8")
     text += b" " * ((-len(text)) % 4)
+    total = 12 + 8 + len(text) + 8 + offset
+    if total > GLB_MAX_BYTES:
+        raise GlbTooLarge(
+            f"{sum(m.num_faces for m in meshes):,} faces need a {total / 2**30:.2f} GiB .glb, and a .glb holds "
+            "at most 4 GiB"
+        )
     binary = b"".join(chunks)
-    total = 12 + 8 + len(text) + 8 + len(binary)
     header = struct.pack("<4sII", b"glTF", 2, total)
     return b"".join(
         [
@@ -208,11 +232,12 @@ def save_glb_nodes(
     """Write ``meshes`` as one .glb, one node each (:func:`glb_nodes_bytes`), atomically.
 
     Raises:
-        InputError: the suffix is not .glb, or the output folder does not exist.
+        InputError: the suffix is not .glb, the output folder does not exist, or the file would pass
+            :data:`GLB_MAX_BYTES`.
         ValueError: no mesh, or an empty one.
     """
     path = check_output_path(path, (".glb",), "mesh")
-    data = glb_nodes_bytes(meshes, names)
+    data = glb_or_one_line(lambda: glb_nodes_bytes(meshes, names), path)
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     logger.info("wrote %s (%d nodes, %d faces)", path, len(meshes), sum(m.num_faces for m in meshes))
