@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from microdreamer.field.gather import brick_lists, field_gather, field_gather_reference
+from microdreamer.field.gather import brick_lists, field_gather, field_gather_channels, field_gather_reference
 
 
 def gaussians(n: int, r: int, seed: int, reach: float = 4.0):
@@ -32,6 +32,27 @@ def test_reference_matches_the_cpp_kernel(n, r):
     ref = field_gather_reference(means, transforms, opacities, box, axis, 9.0, torch.zeros(r, r, r))
     assert torch.allclose(ref, cpp, rtol=4e-7, atol=ATOL)
     assert torch.equal(ref > 0, cpp > 0)  # the same terms pass the cutoff (q is the same float64 number)
+
+
+@pytest.mark.parametrize(
+    ("n", "r", "c"), [(0, 9, 4), (1, 1, 4), (1, 9, 1), (37, 13, 3), (300, 21, 4), (257, 33, 2)]
+)
+def test_channels_are_one_gather_a_weight(n, r, c):
+    """C weights a Gaussian in one pass (the colour field's channels and weight): each grid is, to the
+    bit, the C++ kernel's gather with that column as the opacities, added to what ``out`` held; the
+    reference backend's channels match them within the kernels' tolerance."""
+    means, transforms, _, box, axis = gaussians(n, r, seed=n + r + c)
+    weights = torch.rand(n, c, generator=torch.Generator().manual_seed(7))
+    base = torch.rand(c, r, r, r, generator=torch.Generator().manual_seed(8))
+    together = field_gather_channels(means, transforms, weights, box, axis, 9.0, base.clone(), backend="cpp")
+    ref = field_gather_channels(means, transforms, weights, box, axis, 9.0, base.clone(), backend="torch")
+    for k in range(c):
+        alone = field_gather(means, transforms, weights[:, k].contiguous(), box, axis, 9.0, base[k].clone(),
+                             backend="cpp")  # fmt: skip
+        assert torch.equal(together[k], alone)
+        assert torch.allclose(ref[k], alone, rtol=4e-7, atol=ATOL)
+    with pytest.raises(ValueError, match=r"weights must be \[N, C\] and out \[C, R, R, R\]"):
+        field_gather_channels(means, transforms, weights, box, axis, 9.0, torch.zeros(c + 1, r, r, r))
 
 
 def test_reference_adds_into_out_in_chunks():

@@ -172,3 +172,40 @@ def field_gather(
     start, order = lists if lists is not None else brick_lists(box, axis.shape[0])
     kernels.field_gather(means, transforms, opacities, box, axis, limit, out, start, order)
     return out
+
+
+def field_gather_channels(
+    means: torch.Tensor,
+    transforms: torch.Tensor,
+    weights: torch.Tensor,
+    box: torch.Tensor,
+    axis: torch.Tensor,
+    limit: float,
+    out: torch.Tensor,
+    backend: str = "cpp",
+    lists: tuple[torch.Tensor, torch.Tensor] | None = None,
+    workers: int | None = None,
+) -> torch.Tensor:
+    """:func:`field_gather` of C weights a Gaussian into C grids: ``out[c]`` is what :func:`field_gather`
+    with ``weights[:, c]`` gives (the cpp backend computes each term's exponential once for all C; the
+    others run one :func:`field_gather` a channel).
+
+    Args:
+        weights: [N, C] float32; out: [C, R, R, R] float32, added to in place; the rest as
+            :func:`field_gather`'s.
+
+    Returns:
+        ``out``.
+    """
+    if weights.dim() != 2 or out.dim() != 4 or out.shape[0] != weights.shape[1]:
+        raise ValueError(
+            f"weights must be [N, C] and out [C, R, R, R], got {list(weights.shape)} and {list(out.shape)}"
+        )
+    if backend == "cpp":
+        from microdreamer.kernels import cpu
+
+        threads = torch.get_num_threads() if workers is None else workers
+        return cpu.field_scatter_channels(means, transforms, weights, box, axis, limit, out, workers=threads)
+    for c in range(weights.shape[1]):
+        field_gather(means, transforms, weights[:, c].contiguous(), box, axis, limit, out[c], backend, lists)
+    return out

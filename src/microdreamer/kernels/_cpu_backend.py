@@ -47,6 +47,7 @@ SIGNATURES: dict[str, list] = {
     + [_f64, _f64, _f64, _f64, _ptr, _ptr],
     "md_raster_depth": [_i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _f64, _f64, _i64, _ptr],
     "md_field_scatter": [_i64, _ptr, _ptr, _ptr, _ptr, _ptr, _f64, _i64, _i64, _i64, _ptr],
+    "md_field_scatter_channels": [_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _f64, _i64, _i64, _i64, _ptr],
     "md_raster_forward": [
         _i64,
         _i64,

@@ -129,6 +129,49 @@ def field_scatter(
     return out
 
 
+def field_scatter_channels(
+    means: torch.Tensor,
+    transforms: torch.Tensor,
+    weights: torch.Tensor,
+    box: torch.Tensor,
+    axis: torch.Tensor,
+    limit: float,
+    out: torch.Tensor,
+    workers: int = 1,
+) -> torch.Tensor:
+    """:func:`field_scatter` with C weights a Gaussian into C grids at once: ``out[c]`` gets exactly what
+    :func:`field_scatter` with ``weights[:, c]`` as the opacities adds (the same terms, products and sums,
+    in the same order), each term's exponential computed once.
+
+    Args:
+        weights: [N, C] float32; out: [C, R, R, R] float32, added to in place; the rest as
+            :func:`field_scatter`'s.
+
+    Returns:
+        ``out``.
+    """
+    n, r = means.shape[0], axis.shape[0]
+    c = weights.shape[1] if weights.dim() == 2 else -1
+    _check(means, "means", torch.float64, (n, 3))
+    _check(transforms, "transforms", torch.float64, (n, 3, 3))
+    _check(weights, "weights", torch.float32, (n, max(c, 0)))
+    _check(box, "box", torch.int64, (n, 3, 2))
+    _check(axis, "axis", torch.float64, (r,))
+    _check(out, "out", torch.float32, (c, r, r, r))
+    if n == 0 or r == 0 or c == 0:
+        return out
+    fn = _cpu_backend.load().md_field_scatter_channels
+    slabs = max(1, min(r, 4 * workers))
+    bounds = [r * s // slabs for s in range(slabs + 1)]
+    args = (means.data_ptr(), transforms.data_ptr(), weights.data_ptr(), c, box.data_ptr(), axis.data_ptr())
+
+    def part(s: int) -> None:
+        fn(n, *args, float(limit), r, bounds[s], bounds[s + 1], out.data_ptr())
+
+    _run_parts(part, list(range(slabs)), workers)
+    return out
+
+
 def bake_accumulate(
     points: torch.Tensor,
     normals: torch.Tensor,

@@ -672,7 +672,7 @@ def _tile_colors(
     coarser grid, 1 / 8 of the field's work per channel) and interpolated trilinearly, each separately.
     Where no Gaussian reaches, the colour of the nearest Gaussian centre of the tile. The four grids and
     the interpolation run on the plan's device."""
-    from microdreamer.field.gather import brick_lists, field_gather
+    from microdreamer.field.gather import brick_lists, field_gather_channels
     from microdreamer.field.torch_impl import _Q_MAX
 
     idx = plan.gaussians_of(t)
@@ -692,22 +692,21 @@ def _tile_colors(
     box = box.to(device).contiguous()
     axis = torch.arange(side, dtype=torch.float64, device=device) * k
     limit = min(plan.config.cutoff_sq, _Q_MAX)
-    weights = [p.opacities[idx] * plan.colors[idx, c] for c in range(3)] + [p.opacities[idx]]
+    op = p.opacities[idx]
+    weights = torch.stack([op * plan.colors[idx, c] for c in range(3)] + [op], -1)  # [n, 4]
     lists = brick_lists(box, side) if plan.backend == "cuda" else None  # the four grids share them
-    grids = []
-    for w in weights:
-        out = torch.zeros(side, side, side, dtype=torch.float32, device=device)
-        if counter is not None:
-            counter.add(out.numel() * 4)
-        field_gather(means, transforms, w.to(device).contiguous(), box, axis, limit, out, plan.backend, lists)
-        grids.append(out)
+    out = torch.zeros(4, side, side, side, dtype=torch.float32, device=device)
+    if counter is not None:
+        counter.add(out.numel() * 4)
+    field_gather_channels(means, transforms, weights.to(device).contiguous(), box, axis, limit, out,
+                          plan.backend, lists)  # fmt: skip
     if device.type != "cpu":
-        acc = _interpolate(torch.stack(grids), vertices, plan, start, k, side)
+        acc = _interpolate(out, vertices, plan, start, k, side)
     else:
-        acc = _interpolate_numpy([g.numpy() for g in grids], vertices, plan, start, k, side)
+        acc = _interpolate_numpy(list(out.numpy()), vertices, plan, start, k, side)
     if counter is not None:
         counter.sub(4 * side**3 * 4)
-    del grids
+    del out
     denom = acc[3]
     colour = np.zeros((vertices.shape[0], 3), np.float32)
     seen = denom > 1e-12
