@@ -1128,7 +1128,7 @@ class SceneConfig(Config):
         tileset: a folder to also write the scene into as OGC 3D Tiles 1.1 (``tileset.json``, one GLB per
             tile, :mod:`microdreamer.scene.tileset`), or None.
         texture: the tiles' colour: ``"colors"`` (vertex colours from the splat's colour field, tile by
-            tile: 6.3 s for a 1M-Gaussian scene on a 2-core CPU) or ``"bake"`` (a UV texture per tile,
+            tile: 0.9 s for a 1M-Gaussian scene on a 2-core CPU) or ``"bake"`` (a UV texture per tile,
             :func:`microdreamer.scene.texture.texture_tile`, from views each tile chooses: about 25 s a
             tile there, ``benchmarks/results/scene_texture_1000k.json``); a bake writes a ``.glb`` (a
             material and image per tile's node) and the tileset's tiles.
