@@ -392,6 +392,13 @@ def test_cameras_flag(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("error: ") and message in err[-1], err
         assert sorted(p.name for p in tmp_path.iterdir()) == before
+    (tmp_path / "batch").mkdir()
+    write_ply(cat(box_layer(1.0, INNER)), tmp_path / "batch" / "a.ply")
+    batch = ["mesh", str(tmp_path / "batch"), "-o", str(tmp_path / "out"), "--tiles", "1", "--tile-texture", "bake",
+             "--cameras", str(tmp_path / "cameras.json")]  # fmt: skip
+    assert cli.main(batch) == 2
+    assert "one capture's cameras; give that capture's splat alone" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
     rc = cli.main(base + ["--tile-texture", "bake", "--cameras", str(tmp_path / "cameras.json")])
     captured = capsys.readouterr()
     assert rc in (0, None), captured.err

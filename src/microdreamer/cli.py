@@ -856,6 +856,9 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
         if cfg.scene.tileset is not None:
             raise InputError(f"--tileset {cfg.scene.tileset}: writes one scene; give one splat (a batch writes "
                              "one mesh per splat)")  # fmt: skip
+        if cfg.scene.cameras is not None:
+            raise InputError(f"--cameras {cfg.scene.cameras}: one capture's cameras; give that capture's splat "
+                             "alone (a batch meshes several)")  # fmt: skip
         from microdreamer.jobs.batch import MeshJob
 
         return _run_batch(args, MeshJob(cfg, args.device), sources, cfg)
@@ -870,6 +873,10 @@ def cmd_mesh(args: argparse.Namespace) -> int | None:
         scene = dataclasses.replace(cfg.scene, workers=args.workers, ray_address=args.ray_address)
         cfg = dataclasses.replace(cfg, scene=scene)
     out = _check_mesh_output(args, cfg)
+    if cfg.scene.cameras is not None and cfg.scene.texture == "bake":  # a bad file before the splat is read
+        from microdreamer.data.capture import read_capture_cameras
+
+        read_capture_cameras(cfg.scene.cameras)
     arrays, bad_input, read_s, started = _read_splat_before_torch(args.splat)
     t = time.perf_counter()
     import torch
