@@ -560,3 +560,31 @@ def test_bad_tile_threads_are_one_line(tmp_path, capsys, extra, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and message in err[-1], err
     assert not (tmp_path / "one.glb").exists()
+
+
+def test_the_three_column_alpha_images_are_each_directions_own(monkeypatch):
+    """The scene's alpha images along the three axes, made in one call, are bit for bit the images each
+    direction's own call gives (the same terms summed in the same order), also over several chunks."""
+    from microdreamer.field.carve import DILATION, projected_alpha
+    from microdreamer.scene import tiles
+    from microdreamer.scene.tiles import _column_alphas, _prepare_voxel_units
+
+    splat = spheres(SCENE[:3], n=400)
+    plan = plan_scene(splat, FieldConfig(), tile=16)
+    monkeypatch.setattr(tiles, "PREPARE_CHUNK", 500)  # three chunks of Gaussians
+    together = _column_alphas(plan, splat)
+    keep = splat.opacities().float() > plan.config.min_opacity
+    index = torch.nonzero(keep).flatten()
+    sizes = [tuple(-(-plan.grid.shape[b] // 2) for b in range(3) if b != a) for a in range(3)]
+    log_t = [torch.zeros(size, dtype=torch.float64) for size in sizes]
+    for start in range(0, index.numel(), 500):
+        chunk = torch.zeros_like(keep)
+        chunk[index[start : start + 500]] = True
+        raw, _ = _prepare_voxel_units(splat, chunk, plan.grid, plan.config, 0.0)
+        for a in range(3):
+            basis = torch.eye(3, dtype=torch.float64)[[b for b in range(3) if b != a]]
+            alpha = projected_alpha(raw, basis, (0.0, 0.0), sizes[a], 2.0, DILATION / 4, dtype=torch.float32)
+            log_t[a] += torch.log1p(-alpha.double())
+    for a in range(3):
+        assert torch.equal(together[a], (-torch.expm1(log_t[a])).float())
+        assert float(together[a].max()) > 0.5  # the spheres are there

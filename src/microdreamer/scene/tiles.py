@@ -1022,7 +1022,7 @@ def _column_alphas(plan: ScenePlan, splat: Splat, stride: int = ISO_STRIDE) -> l
     :data:`PREPARE_CHUNK` at a time (bounded memory): ``1 - alpha`` is the product of the chunks' own. On a
     CUDA plan the chunks go to the device and the three images are one launch of the carving kernel
     (:func:`~microdreamer.field.carve.projected_alphas`, the same float32 terms summed in fixed point)."""
-    from microdreamer.field.carve import DILATION, projected_alpha, projected_alphas
+    from microdreamer.field.carve import DILATION, projected_alphas
 
     keep = splat.opacities().float() > plan.config.min_opacity
     index = torch.nonzero(keep).flatten()
@@ -1043,12 +1043,13 @@ def _column_alphas(plan: ScenePlan, splat: Splat, stride: int = ISO_STRIDE) -> l
             del raw, alphas
             continue
         raw, _ = _prepare_voxel_units(splat, chunk, plan.grid, plan.config, 0.0)
+        # the three images in one call: each Gaussian's marginal set up once (each image's terms and sums
+        # as three calls give them, bit for bit)
+        alphas = projected_alphas(raw, bases, [((0.0, 0.0), size) for size in sizes], float(stride),
+                                  DILATION / stride**2, backend="torch")  # fmt: skip
         for a in range(3):
-            basis = torch.eye(3, dtype=torch.float64)[[b for b in range(3) if b != a]]
-            alpha = projected_alpha(raw, basis, (0.0, 0.0), sizes[a], float(stride), DILATION / stride**2,
-                                    dtype=torch.float32)  # fmt: skip
-            log_t[a] += torch.log1p(-alpha.double())
-        del raw
+            log_t[a] += torch.log1p(-alphas[a].double())
+        del raw, alphas
     return [(-torch.expm1(t)).float().cpu() for t in log_t]
 
 
