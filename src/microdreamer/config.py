@@ -1120,7 +1120,7 @@ class SceneConfig(Config):
             where ``tile`` would not fit.
         threads: tiles meshed at once by this process (no Ray workers), each on its own thread, or
             ``"auto"``: 4 on a GPU (marching cubes and the cleanup on the host overlap the other tiles'
-            device work: 10.08M Gaussians 18.0 -> 14.9 s on an H100, ``scene_10000k_h100.json``), 1 on a CPU
+            device work: 10.08M Gaussians 17.1 -> 14.5 s on an H100, ``scene_10000k_h100.json``), 1 on a CPU
             (the field kernel already uses every core). The mesh is the same at any count; the memory
             budget is shared by the threads.
         workers: spread the tiles over this many Ray workers (None: this process).

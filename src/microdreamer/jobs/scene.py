@@ -55,8 +55,8 @@ BACKEND_NAMES = {
 #: ``--memory auto``: this share of the free memory, split over the workers, for the tiles' work (the
 #: rest for the plan each worker holds, the pieces and the welded mesh)
 MEMORY_SHARE = 0.25
-#: ``--tile-threads auto`` on a GPU: tiles meshed at once (H100, 10.08M Gaussians: 18.0 s on one thread,
-#: 14.9 s on 4; ``benchmarks/results/scene_10000k_h100.json``)
+#: ``--tile-threads auto`` on a GPU: tiles meshed at once (H100, 10.08M Gaussians: 17.1 s on one thread,
+#: 14.5 s on 4; ``benchmarks/results/scene_10000k_h100.json``)
 GPU_TILE_THREADS = 4
 
 
