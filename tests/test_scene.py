@@ -563,8 +563,10 @@ def test_bad_tile_threads_are_one_line(tmp_path, capsys, extra, message):
 
 
 def test_the_three_column_alpha_images_are_each_directions_own(monkeypatch):
-    """The scene's alpha images along the three axes, made in one call, are bit for bit the images each
-    direction's own call gives (the same terms summed in the same order), also over several chunks."""
+    """The scene's alpha images along the three axes, made in one call, are the images each direction's own
+    call gives (the same terms summed in the same order), also over several chunks. Compared within 1e-5:
+    the two layouts place a term's exponential in other vector lanes (or a scalar tail), which a CPU's
+    vector exp need not round alike; on this project's CPUs they came out equal."""
     from microdreamer.field.carve import DILATION, projected_alpha
     from microdreamer.scene import tiles
     from microdreamer.scene.tiles import _column_alphas, _prepare_voxel_units
@@ -586,5 +588,5 @@ def test_the_three_column_alpha_images_are_each_directions_own(monkeypatch):
             alpha = projected_alpha(raw, basis, (0.0, 0.0), sizes[a], 2.0, DILATION / 4, dtype=torch.float32)
             log_t[a] += torch.log1p(-alpha.double())
     for a in range(3):
-        assert torch.equal(together[a], (-torch.expm1(log_t[a])).float())
+        assert torch.allclose(together[a], (-torch.expm1(log_t[a])).float(), rtol=0, atol=1e-5)
         assert float(together[a].max()) > 0.5  # the spheres are there

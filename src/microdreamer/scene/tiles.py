@@ -1044,7 +1044,7 @@ def _column_alphas(plan: ScenePlan, splat: Splat, stride: int = ISO_STRIDE) -> l
             continue
         raw, _ = _prepare_voxel_units(splat, chunk, plan.grid, plan.config, 0.0)
         # the three images in one call: each Gaussian's marginal set up once (each image's terms and sums
-        # as three calls give them, bit for bit)
+        # as three calls give them)
         alphas = projected_alphas(raw, bases, [((0.0, 0.0), size) for size in sizes], float(stride),
                                   DILATION / stride**2, backend="torch")  # fmt: skip
         for a in range(3):
