@@ -117,16 +117,21 @@ def field_scatter(
     _check(out, "out", torch.float32, (r, r, r))
     if n == 0 or r == 0:
         return out
-    fn = _cpu_backend.load().md_field_scatter
+    args = (means.data_ptr(), transforms.data_ptr(), opacities.data_ptr(), box.data_ptr(), axis.data_ptr())
+    _scatter_slabs(_cpu_backend.load().md_field_scatter, n, args, limit, r, out, workers)
+    return out
+
+
+def _scatter_slabs(fn, n: int, args: tuple, limit: float, r: int, out: torch.Tensor, workers: int) -> None:
+    """``fn(n, *args, limit, r, x_begin, x_end, out)`` over slabs of i, ``4 * workers`` of them on
+    ``workers`` threads (each voxel written by one slab's call: the same sums however they are cut)."""
     slabs = max(1, min(r, 4 * workers))
     bounds = [r * s // slabs for s in range(slabs + 1)]
-    args = (means.data_ptr(), transforms.data_ptr(), opacities.data_ptr(), box.data_ptr(), axis.data_ptr())
 
     def part(s: int) -> None:
         fn(n, *args, float(limit), r, bounds[s], bounds[s + 1], out.data_ptr())
 
     _run_parts(part, list(range(slabs)), workers)
-    return out
 
 
 def field_scatter_channels(
@@ -160,15 +165,8 @@ def field_scatter_channels(
     _check(out, "out", torch.float32, (c, r, r, r))
     if n == 0 or r == 0 or c == 0:
         return out
-    fn = _cpu_backend.load().md_field_scatter_channels
-    slabs = max(1, min(r, 4 * workers))
-    bounds = [r * s // slabs for s in range(slabs + 1)]
     args = (means.data_ptr(), transforms.data_ptr(), weights.data_ptr(), c, box.data_ptr(), axis.data_ptr())
-
-    def part(s: int) -> None:
-        fn(n, *args, float(limit), r, bounds[s], bounds[s + 1], out.data_ptr())
-
-    _run_parts(part, list(range(slabs)), workers)
+    _scatter_slabs(_cpu_backend.load().md_field_scatter_channels, n, args, limit, r, out, workers)
     return out
 
 
